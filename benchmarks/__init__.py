@@ -1,0 +1,1 @@
+"""Benchmarks of flashtensor against its peers; run on the GPU machine (see bench.py)."""

@@ -1,0 +1,330 @@
+"""Benchmark flashtensor against its peers on one GPU in one run, checking every result against eager first.
+
+    python -m benchmarks.bench [WORKLOADS...] [--shape paper|small] [--dtype fp16] \
+        [--peers eager,compile,max-autotune,flex,sdpa] [--json out.json] [--plot out.png] [--rep 200] [--no-ft]
+
+A system that raises (out of memory, unsupported program) is recorded with its error and the run goes on.
+Without a GPU only `--check-only` runs: the correctness checks under the Triton interpreter.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import gc
+import inspect
+import json
+import math
+import os
+import sys
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from . import to_markdown
+from .to_markdown import LABELS
+
+PEERS = ["eager", "compile", "max-autotune", "flex", "sdpa"]
+DEFAULT_PEERS = "eager,compile,flex,sdpa"  # max-autotune compiles for minutes per workload: opt in
+CUDA_ONLY = ("flex", "sdpa")
+FLEX = ("attn", "gemma2")  # the programs FlexAttention can express
+SDPA = ("attn",)
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+TOL = {torch.float16: 2e-3, torch.bfloat16: 2e-3, torch.float32: 1e-4}  # DESIGN 6
+BOOL_TOL = 1e-3  # booleans may flip where eager's value sits within rounding of the threshold (DESIGN 6)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in float32 over finite entries; inf unless NaN/inf sit exactly where eager has them."""
+    o, r = out.detach().float(), ref.detach().float()
+    fin = torch.isfinite(r)
+    if not torch.equal(fin, torch.isfinite(o)) or not torch.equal(o[~fin].nan_to_num(), r[~fin].nan_to_num()):
+        return math.inf
+    diff, norm = (o[fin] - r[fin]).norm().item(), r[fin].norm().item()
+    return diff / norm if norm else diff
+
+
+def _as_tuple(x: Any) -> tuple:
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def compare(out: Any, ref: Any, first_only: bool = False) -> dict:
+    """Check outputs against eager's: rel err per float output, mismatch fraction per bool output."""
+    outs, refs = _as_tuple(out), _as_tuple(ref)
+    if first_only:
+        outs, refs = outs[:1], refs[:1]
+    if len(outs) != len(refs):
+        raise ValueError(f"{len(outs)} outputs, eager has {len(refs)}")
+    errs, mismatch, ok = [], [], True
+    for o, r in zip(outs, refs):
+        if o.shape != r.shape or o.dtype != r.dtype:
+            raise ValueError(f"output {tuple(o.shape)} {o.dtype}, eager has {tuple(r.shape)} {r.dtype}")
+        if r.dtype == torch.bool:
+            mismatch.append((o != r).float().mean().item())
+            ok = ok and mismatch[-1] <= BOOL_TOL
+        else:
+            errs.append(rel_err(o, r))
+            ok = ok and errs[-1] <= TOL[r.dtype]
+    return {"rel_err": errs, "bool_mismatch": mismatch, "ok": ok}
+
+
+@functools.cache
+def _compiled_flex() -> Callable:
+    """flex_attention compiled once, as its docs recommend; eager flex materialises the full score matrix."""
+    from torch.nn.attention.flex_attention import flex_attention
+    return torch.compile(flex_attention)
+
+
+def _flex(name: str, fn: Callable, args: tuple) -> Callable:
+    """FlexAttention for attn (causal block mask) and gemma2 (plus tanh soft-cap score_mod, after flex's own scale)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    q, k = args[0], args[1]
+    offset = k.shape[1] - q.shape[1]  # the workloads' causal mask is aligned bottom-right
+    mask = create_block_mask(lambda b, h, qi, ki: ki <= qi + offset, None, None, q.shape[1], k.shape[1],
+                             device=q.device)
+    score_mod = None
+    if name == "gemma2":
+        cap = inspect.signature(fn).parameters["cap"].default
+        score_mod = lambda s, b, h, qi, ki: torch.tanh(s / cap) * cap
+    flex = _compiled_flex()
+
+    def run(q, k, v):
+        o = flex(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), score_mod=score_mod, block_mask=mask)
+        return o.transpose(1, 2).contiguous()
+    return run
+
+
+def _sdpa(q, k, v):
+    # is_causal aligns top-left; the workloads align bottom-right, the same only because their q_len == kv_len
+    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+    return o.transpose(1, 2).contiguous()
+
+
+def applies(system: str, name: str) -> bool:
+    """Whether `system` can run workload `name` at all."""
+    return {"flex": name in FLEX, "sdpa": name in SDPA}.get(system, True)
+
+
+def build(system: str, name: str, fn: Callable, args: tuple) -> Callable:
+    """The callable that `system` runs for workload `name`, same arguments as `fn`."""
+    if system == "eager":
+        return fn
+    if system == "compile":
+        return torch.compile(fn)
+    if system == "max-autotune":
+        return torch.compile(fn, mode="max-autotune-no-cudagraphs")
+    if system == "flex":
+        return _flex(name, fn, args)
+    if system == "sdpa":
+        return _sdpa
+    import flashtensor as ft
+    return ft.compile(fn)
+
+
+def _free() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def measure(system: str, name: str, fn: Callable, args: tuple, ref: Any, rep: int | None) -> dict:
+    """Run once and check against eager, then time (median ms) unless rep is None; errors are recorded."""
+    rec: dict[str, Any] = {"ms": None, "rel_err": None, "bool_mismatch": None, "ok": None, "error": None}
+    try:
+        torch._dynamo.reset()  # each step compiles from scratch, independent of the steps before it
+        f = build(system, name, fn, args)
+        rec.update(compare(f(*args), ref, first_only=system in CUDA_ONLY))
+        if rep is not None:
+            import triton.testing
+            rec["ms"] = triton.testing.do_bench(lambda: f(*args), warmup=25, rep=rep, return_mode="median")
+    except Exception as e:  # noqa: BLE001 - an OOM or unsupported program is a result, not a crash
+        msg = str(e).strip()
+        rec["error"] = f"{type(e).__name__}: {msg.splitlines()[0] if msg else ''}"[:500]
+    _free()
+    return rec
+
+
+def ceilings() -> dict:
+    """What the device can do at best: fp16 matmul TFLOP/s (8192^3) and copy TB/s (2 GiB, read + write)."""
+    from triton.testing import do_bench
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.float16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.float16)
+    t = do_bench(lambda: torch.matmul(a, b), return_mode="median")
+    tflops = 2 * n ** 3 / (t * 1e-3) / 1e12
+    del a, b
+    src = torch.empty(2 ** 31, device="cuda", dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    t = do_bench(lambda: dst.copy_(src), return_mode="median")
+    tbps = 2 * src.nbytes / (t * 1e-3) / 1e12
+    del src, dst
+    _free()
+    return {"matmul_tflops": tflops, "copy_tbps": tbps}
+
+
+class Progress:
+    """One flushed line per step, since a compile can take minutes; a tqdm bar alongside when tqdm is installed
+    and stderr is a terminal (in a captured log the bar's redraws would bury the lines)."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.bar = total, 0, None
+        if sys.stderr.isatty():
+            try:
+                from tqdm import tqdm
+                self.bar = tqdm(total=total, file=sys.stderr, leave=False)
+            except ImportError:
+                pass
+
+    def _print(self, line: str) -> None:
+        if self.bar is not None:
+            self.bar.write(line, file=sys.stdout)
+            sys.stdout.flush()
+        else:
+            print(line, flush=True)
+
+    def start(self, name: str, system: str) -> None:
+        self.done += 1
+        self._print(f"[{self.done}/{self.total}] {name} / {LABELS[system]} ...")
+
+    def finish(self, rec: dict) -> None:
+        if rec["error"]:
+            text = rec["error"]
+        else:
+            checks = [f"rel err {e:.1e}" for e in rec["rel_err"]] + [f"bool mismatch {m:.1e}" for m in rec["bool_mismatch"]]
+            text = ", ".join(([f"{rec['ms']:.3f} ms"] if rec["ms"] is not None else []) + checks)
+            text += "" if rec["ok"] else " FAILED"
+        self._print("    " + text)
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def run_workload(name: str, systems: list[str], make_kw: dict, rep: int | None, progress: Progress) -> dict:
+    """Every applicable system on one workload; eager's output computed once as the reference."""
+    from flashtensor import workloads
+    fn, args = workloads.make(name, **make_kw)
+    ref = fn(*args)
+    out = {}
+    for s in systems:
+        if applies(s, name):
+            progress.start(name, s)
+            out[s] = measure(s, name, fn, args, ref, rep)
+            progress.finish(out[s])
+    del fn, args, ref
+    _free()
+    return out
+
+
+def plot(results: dict, path: str) -> None:
+    """Bar chart of each system's speedup over eager per workload, log y-axis."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("bench: matplotlib is not installed; no plot", file=sys.stderr)
+        return
+    names = list(results["workloads"])
+    systems = [s for s in results["systems"] if s != "eager"]
+    width = 0.8 / max(len(systems), 1)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(names)), 4.0))
+    for i, s in enumerate(systems):
+        bars = [(j + (i - (len(systems) - 1) / 2) * width, to_markdown.speedup(results, n, s)) for j, n in enumerate(names)]
+        bars = [(x, y) for x, y in bars if y]
+        if bars:
+            ax.bar([x for x, _ in bars], [y for _, y in bars], width, label=LABELS[s])
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(names)), names)
+    ax.set_xlim(-0.5, len(names) - 0.5)
+    ax.set_ylabel("speedup over eager")
+    ax.set_title(f"{results['device']}, {results['shape']} shapes, {results['dtype']}")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__.splitlines()[0])
+    p.add_argument("workloads", nargs="*", help="default: all of flashtensor.workloads.NAMES")
+    p.add_argument("--shape", choices=["paper", "small"], default="paper")
+    p.add_argument("--dtype", choices=list(DTYPES), default="fp16", help="attention family; ea/sima are always fp32")
+    p.add_argument("--peers", default=DEFAULT_PEERS, help=f"comma-separated, from {','.join(PEERS)}")
+    p.add_argument("--no-ft", action="store_true", help="leave flashtensor out")
+    p.add_argument("--rep", type=int, default=200, help="do_bench rep, in ms")
+    p.add_argument("--json", help="write every measurement here")
+    p.add_argument("--plot", help="write a PNG bar chart of speedups over eager here")
+    p.add_argument("--check-only", action="store_true", help="correctness checks only, no timing (works on CPU)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    cuda = torch.cuda.is_available()
+    if not cuda and not args.check_only:
+        print("bench: no CUDA device, so nothing to time. On CPU only the correctness checks run: "
+              "--check-only --shape small --dtype fp32", file=sys.stderr)
+        return 2
+    if not cuda:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # read by triton when flashtensor defines its kernels
+    import triton
+    from flashtensor import workloads
+
+    names = args.workloads or list(workloads.NAMES)
+    unknown = [n for n in names if n not in workloads.NAMES]
+    peers = [p for p in args.peers.split(",") if p]
+    unknown += [p for p in peers if p not in PEERS]
+    if unknown:
+        parser.error(f"unknown workload or peer: {', '.join(unknown)}")
+    if not cuda and any(p in CUDA_ONLY for p in peers):
+        print(f"bench: skipping {', '.join(p for p in peers if p in CUDA_ONLY)}: CUDA only", flush=True)
+        peers = [p for p in peers if p not in CUDA_ONLY]
+    systems = peers + ([] if args.no_ft else ["flashtensor"])
+    dims = dict(workloads.PAPER if args.shape == "paper" else workloads.SMALL)
+    make_kw = dict(dims, device="cuda" if cuda else "cpu", dtype=DTYPES[args.dtype])
+    rep = None if args.check_only else args.rep
+
+    results: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name() if cuda else "cpu (Triton interpreter)",
+        "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
+        "shape": args.shape, "dims": dims, "dtype": args.dtype, "rep_ms": args.rep, "timed": rep is not None,
+        "ceilings": None, "systems": systems, "sdpa_attn_ms": None, "workloads": {},
+    }
+    if rep is not None:
+        results["ceilings"] = c = ceilings()
+        print(f"ceilings: fp16 matmul {c['matmul_tflops']:.0f} TFLOP/s, device copy {c['copy_tbps']:.2f} TB/s",
+              flush=True)
+
+    # SDPA on attn is every attention workload's yardstick: measure it even when attn itself is not asked for.
+    yardstick = "sdpa" in peers and "attn" not in names and any(n not in to_markdown.LINEAR for n in names)
+    progress = Progress(yardstick + sum(applies(s, n) for n in names for s in systems))
+    if yardstick:
+        results["sdpa_attn_ms"] = run_workload("attn", ["sdpa"], make_kw, rep, progress)["sdpa"]["ms"]
+    for n in names:
+        results["workloads"][n] = run_workload(n, systems, make_kw, rep, progress)
+    progress.close()
+
+    print()
+    print(to_markdown.markdown(results), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+        print(f"bench: results in {args.json}")
+    if args.plot:
+        if rep is None:
+            print("bench: --check-only measures no times; no plot", file=sys.stderr)
+        else:
+            plot(results, args.plot)
+            print(f"bench: plot in {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,496 @@
+"""Triton source for one scheduled kernel.
+
+Every tile is a Triton tensor over its variables in the schedule's canonical order
+(grid-tiled row, loop, whole); batch variables are scalars taken from the program id.
+Float math runs in float32; contraction operands stay in half precision when an operand is.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from ..analysis.facts import IDENTITY
+from ..ir.loops import Affine, LNode, LOutput, Var
+from .schedule import Accum, Schedule, ScheduleError
+
+_TL = {torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.float32: "tl.float32",
+       torch.float64: "tl.float64", torch.int64: "tl.int64", torch.int32: "tl.int32", torch.bool: "tl.int1"}
+_HALF = (torch.float16, torch.bfloat16)
+_BIN = {"add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "div": "({} / {})",
+        "eq": "({} == {})", "ne": "({} != {})", "lt": "({} < {})", "le": "({} <= {})", "gt": "({} > {})",
+        "ge": "({} >= {})", "logical_and": "({} & {})", "logical_or": "({} | {})",
+        "maximum": "tl.maximum({}, {})", "minimum": "tl.minimum({}, {})"}
+_UN = {"exp": "tl.exp({})", "log": "tl.log({})", "abs": "tl.abs({})", "sqrt": "tl.sqrt({})", "rsqrt": "tl.rsqrt({})",
+       "exp2": "tl.exp2({})", "log2": "tl.log2({})", "neg": "(-{})", "reciprocal": "(1.0 / {})",
+       "sigmoid": "(1.0 / (1.0 + tl.exp(-{})))", "tanh": "(1.0 - 2.0 / (tl.exp(2.0 * {}) + 1.0))",
+       "logical_not": "({} == 0)"}
+
+
+def _lit(v) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, float):
+        if math.isinf(v):
+            return 'float("inf")' if v > 0 else 'float("-inf")'
+        if math.isnan(v):
+            return 'float("nan")'
+        return repr(v)
+    return repr(v)
+
+
+def _pow2(n: int, lo: int = 16) -> int:
+    return max(lo, 1 << (max(n, 1) - 1).bit_length())
+
+
+@dataclass
+class Buffer:
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    kind: str                  # input | output | intermediate
+    source: object = None      # program input index, LOutput, or LNode (intermediate)
+
+
+@dataclass
+class KernelSource:
+    name: str
+    source: str
+    buffers: list[Buffer]
+    grid: tuple[int, int]
+    num_warps: int
+    num_stages: int
+    blocks: dict[str, int] = field(default_factory=dict)
+
+
+class _Emitter:
+    def __init__(self, s: Schedule, name: str, inputs: list, outputs: dict, block_row: int, block_loop: int) -> None:
+        self.s, self.name = s, name
+        self.inputs = inputs            # program input (shape, dtype) list
+        self.outputs = outputs          # root LNode -> LOutput (program outputs) ; others are intermediates
+        self.blk: dict[Var, int] = {}
+        if s.row is not None:
+            self.blk[s.row] = min(block_row, _pow2(s.row.extent))
+        if s.loop is not None:
+            self.blk[s.loop] = min(block_loop, _pow2(s.loop.extent))
+        for v in s.whole:
+            self.blk[v] = _pow2(v.extent)
+        self.buffers: list[Buffer] = []
+        self.buf_of: dict[object, str] = {}
+        self.pre: list[str] = []
+        self.cache_pre: dict[int, tuple[str, list[Var]]] = {}
+        self.raw: dict[int, str] = {}
+        self.finals: dict[LNode, str] = {}
+        self.tmp = 0
+
+    # ---- naming and broadcasting --------------------------------------------------------
+    def fresh(self, base: str) -> str:
+        self.tmp += 1
+        return f"{base}_{self.tmp}"
+
+    def tvars(self, n: LNode) -> list[Var]:
+        return self.s.tile_vars(n)
+
+    def idx(self, v: Var, tv: list[Var]) -> str:
+        if v in self.s.batch:
+            return f"i_{v}"
+        if len(tv) <= 1:
+            return f"o_{v}"
+        return f"o_{v}[:, None]" if tv.index(v) == 0 else f"o_{v}[None, :]"
+
+    def bcast(self, expr: str, have: list[Var], want: list[Var]) -> str:
+        if have == want or not have:
+            return expr
+        if len(have) == 1 and len(want) == 2:
+            return f"{expr}[:, None]" if want.index(have[0]) == 0 else f"{expr}[None, :]"
+        raise ScheduleError(f"cannot broadcast a tile over {have} to {want}")
+
+    def affine(self, e: Affine, tv: list[Var]) -> str:
+        parts = [(f"{c} * " if c != 1 else "") + self.idx(v, tv) for v, c in e.terms]
+        if e.const or not parts:
+            parts.append(str(e.const))
+        return "(" + " + ".join(parts) + ")"
+
+    def partial(self, v: Var) -> bool:
+        """Whether some tile of v reaches past its extent."""
+        return v.extent % self.blk[v] != 0 if v in (self.s.row, self.s.loop) else self.blk[v] != v.extent
+
+    def range_mask(self, tv: list[Var], loop_pred: bool) -> Optional[str]:
+        conds = [f"({self.idx(v, tv)} < {v.extent})" for v in tv
+                 if self.partial(v) or (v is self.s.loop and loop_pred)]
+        return " & ".join(conds) if conds else None
+
+    def buffer(self, key, shape, dtype, kind) -> str:
+        if key not in self.buf_of:
+            name = f"{kind[:3]}{len(self.buffers)}"
+            self.buffers.append(Buffer(name, tuple(shape), dtype, kind, key))
+            self.buf_of[key] = name
+        return self.buf_of[key]
+
+    # ---- values ------------------------------------------------------------------------------
+    def value(self, n: LNode, ctx: "_Body") -> tuple[str, list[Var]]:
+        """Triton expression (a variable name) for node n, emitting its code where it belongs."""
+        hit = ctx.lookup(n) if ctx else None
+        if hit is None:
+            hit = self.cache_pre.get(id(n))
+        if hit is not None:
+            return hit
+        if n.op == "reduce" and n in self.s.accums:
+            acc = self.s.accums[n]
+            if ctx is not None and ctx.pass_ == acc.pass_:
+                return ctx.running[n], self.tvars(n)
+            return ctx.final[n] if ctx else self.finals[n], self.tvars(n)
+        home = self.home(n)
+        if home == "pre":
+            lines, store = self.pre, self.cache_pre
+        else:
+            lines, store = ctx.lines, ctx.cache
+        const = self.s.live_constant(n) if (ctx is not None and ctx.unpredicated) else None
+        if const is not None:
+            res = (_lit(const), [])
+        else:
+            res = self.compute(n, ctx if home != "pre" else None, lines)
+        store[id(n)] = res
+        return res
+
+    def home(self, n: LNode) -> str:
+        if self.s.loop not in n.vars and (n in self.s.boundary or not self.deps_acc(n)):
+            return "pre"
+        return "body"
+
+    def deps_acc(self, n: LNode) -> bool:
+        memo = self.__dict__.setdefault("_deps", {})
+        if id(n) not in memo:
+            memo[id(n)] = n in self.s.accums or any(self.deps_acc(a) for a in n.inputs if a not in self.s.boundary) \
+                if n not in self.s.boundary else False
+        return memo[id(n)]
+
+    def arg(self, a, tv: list[Var], ctx) -> str:
+        if not isinstance(a, LNode):
+            return _lit(float(a) if isinstance(a, float) else a)
+        e, have = self.value(a, ctx)
+        return self.bcast(e, have, tv)
+
+    def compute(self, n: LNode, ctx, lines: list[str]) -> tuple[str, list[Var]]:
+        tv = self.tvars(n)
+        out = self.fresh("x")
+        op = n.op
+        if n in self.s.boundary:
+            buf = self.buffer(n, [v.extent for v in n.vars], torch.float32 if n.dtype.is_floating_point else n.dtype, "intermediate")
+            strides = _contig([v.extent for v in n.vars])
+            off = " + ".join(f"{self.idx(v, tv)} * {st}" for v, st in zip(n.vars, strides)) or "0"
+            mask = self.range_mask(tv, True)
+            lines.append(f"{out} = tl.load({buf} + {off}" + (f", mask={mask}, other=0)" if mask else ")"))
+            return out, tv
+        if op == "load":
+            shape, dtype = self.inputs[n.attrs["input"]]
+            buf = self.buffer(("in", n.attrs["input"]), shape, dtype, "input")
+            strides = _contig(shape)
+            off = " + ".join(f"{self.affine(e, tv)} * {st}" for e, st in zip(n.attrs["index"], strides) if st or True) or "0"
+            mask = self.range_mask(tv, ctx is None or not ctx.unpredicated)
+            lines.append(f"{out}_raw = tl.load({buf} + {off}" + (f", mask={mask}, other=0)" if mask else ")"))
+            if dtype in _HALF:
+                lines.append(f"{out} = {out}_raw.to(tl.float32)")
+                self.raw[id(n)] = f"{out}_raw"
+            else:
+                lines.append(f"{out} = {out}_raw")
+            return out, tv
+        if op == "iota":
+            lines.append(f"{out} = {self.affine(n.attrs['expr'], tv)}")
+            return out, tv
+        if op == "scalar":
+            return _lit(n.attrs["value"]), []
+        if op == "cast":
+            e = self.arg(n.args[0], tv, ctx)
+            if n.dtype.is_floating_point and n.args[0].dtype.is_floating_point:
+                return e, tv
+            lines.append(f"{out} = {e}.to({_TL[n.dtype if n.dtype not in _HALF else torch.float32]})")
+            return out, tv
+        if op == "where":
+            c, a, b = (self.arg(x, tv, ctx) for x in n.args)
+            lines.append(f"{out} = tl.where({c}, {a}, {b})")
+            return out, tv
+        if op in _UN:
+            lines.append(f"{out} = " + _UN[op].format(self.arg(n.args[0], tv, ctx)))
+            return out, tv
+        if op in _BIN:
+            lines.append(f"{out} = " + _BIN[op].format(self.arg(n.args[0], tv, ctx), self.arg(n.args[1], tv, ctx)))
+            return out, tv
+        if op == "pow" and not isinstance(n.args[1], LNode) and float(n.args[1]) == 2.0:
+            x = self.arg(n.args[0], tv, ctx)
+            lines.append(f"{out} = {x} * {x}")
+            return out, tv
+        if op == "reduce":
+            return self.tile_reduce(n, ctx, lines, out)
+        raise ScheduleError(f"no Triton lowering for op '{op}'")
+
+    def tile_reduce(self, n: LNode, ctx, lines, out) -> tuple[str, list[Var]]:
+        """A reduction over a variable held whole in the tile (no loop)."""
+        v, kind = n.attrs["var"], n.attrs["kind"]
+        tv = self.tvars(n)
+        if n in self.s.dots:
+            a, b, k = self.s.dots[n]
+            lines.append(f"{out} = tl.dot({self.operand(a, n, True, ctx, lines)}, {self.operand(b, n, False, ctx, lines)}{self.dot_prec(a + b)})")
+            return out, tv
+        x = n.args[0]
+        xt = self.tvars(x)
+        e = self.arg(x, xt, ctx)
+        if self.blk[v] != v.extent:
+            e = f"tl.where({self.idx(v, xt)} < {v.extent}, {e}, {_lit(IDENTITY[kind]) if kind != 'any' else '0'})"
+        fn = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min", "any": "tl.max"}[kind]
+        if kind == "any":
+            e = f"({e} != 0).to(tl.int32)"
+        lines.append(f"{out} = {fn}({e}, axis={xt.index(v)})" + (" != 0" if kind == "any" else ""))
+        return out, tv
+
+    def dot_prec(self, factors) -> str:
+        return "" if self.half(factors) else ', input_precision="ieee"'
+
+    def half(self, factors) -> Optional[torch.dtype]:
+        for f, _ in factors:
+            if isinstance(f, LNode) and f.dtype in _HALF:
+                return f.dtype
+            if isinstance(f, LNode) and f.op == "load" and self.inputs[f.attrs["input"]][1] in _HALF:
+                return self.inputs[f.attrs["input"]][1]
+        return None
+
+    def operand(self, factors, red: LNode, is_a: bool, ctx, lines, mask_loop: bool = False) -> str:
+        """Product of factors as a 2-D dot operand: [M, K] for A, [K, N] for B."""
+        a, b, k = self.s.dots[red]
+        tv = self.tvars(red)          # (M, N) in canonical order
+        m_or_n = tv[0] if is_a else tv[1]
+        want = [m_or_n, k] if is_a else [k, m_or_n]
+        canon = [v for v in self.s.order if v in want]
+        prec = self.half(a + b)
+        if len(factors) == 1 and isinstance(factors[0][0], LNode) and factors[0][1] == 1 and prec \
+                and factors[0][0].op == "load" and not mask_loop:
+            self.value(factors[0][0], ctx)
+            raw = self.raw.get(id(factors[0][0]))
+            have = self.tvars(factors[0][0])
+            expr = self.bcast(raw, have, canon) if raw and len(have) == 2 else None
+        else:
+            expr = None
+        if expr is None:
+            expr = self.product(factors, canon, ctx)
+            if mask_loop or (self.blk[k] != k.extent and k is not self.s.loop):
+                expr = f"tl.where({self.idx(k, canon)} < {k.extent}, {expr}, 0.0)"
+            if prec:
+                expr = f"({expr}).to({_TL[prec]})"
+        var = self.fresh("op")
+        shape = ", ".join(str(self.blk[v]) for v in canon)
+        lines.append(f"{var} = tl.broadcast_to({expr}, ({shape}))")
+        return var if canon == want else f"tl.trans({var})"
+
+    def product(self, factors, tv: list[Var], ctx) -> str:
+        num = [self.arg(f, tv, ctx) for f, p in factors if p > 0]
+        den = [self.arg(f, tv, ctx) for f, p in factors if p < 0]
+        e = " * ".join(num) if num else "1.0"
+        return e + "".join(f" / {d}" for d in den)
+
+
+def _contig(shape) -> list[int]:
+    out, acc = [], 1
+    for s in reversed(list(shape)):
+        out.append(acc if s != 1 else 0)
+        acc *= s
+    return out[::-1]
+
+
+class _Body:
+    """Code and value cache of one loop body (or one post-pass block)."""
+
+    def __init__(self, pass_: int, unpredicated: bool, running: dict, final: dict, parent_cache: dict) -> None:
+        self.pass_, self.unpredicated = pass_, unpredicated
+        self.running, self.final = running, final
+        self.lines: list[str] = []
+        self.cache: dict[int, tuple[str, list[Var]]] = {}
+        self.parent = parent_cache
+
+    def lookup(self, n: LNode):
+        return self.cache.get(id(n)) or self.parent.get(id(n))
+
+
+def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: int = 128, block_loop: int = 64,
+                num_warps: int = 4, num_stages: int = 2) -> KernelSource:
+    """Triton source for schedule `s`. `outputs` maps a root to its program output (others are intermediates)."""
+    em = _Emitter(s, name, inputs, outputs, block_row, block_loop)
+    body: list[str] = []
+    finals: dict[LNode, str] = em.finals
+    final_cache: dict[int, tuple[str, list[Var]]] = {}
+    for p in range(s.passes):
+        accs = [a for a in s.accums.values() if a.pass_ == p]
+        running = {a.node: f"acc_{a.node.name}" for a in accs}
+        for a in accs:
+            shape = ", ".join(str(em.blk[v]) for v in em.tvars(a.node))
+            init = _lit(IDENTITY[a.kind]) if a.kind != "any" else "0"
+            dt = "tl.int32" if a.kind == "any" else "tl.float32"
+            body.append(f"acc_{a.node.name} = tl.full([{shape}], {init}, {dt})" if shape else f"acc_{a.node.name} = {init}")
+        for seg, (lo, hi, unpred) in enumerate(_segments(em)):
+            ctx = _Body(p, unpred, {}, finals, {**em.cache_pre, **final_cache})
+            _loop_body(em, ctx, accs, running)
+            body.append(f"for l0 in range({lo}, {hi}, {em.blk[s.loop]}):")
+            body.append(f"    o_{s.loop} = l0 + tl.arange(0, {em.blk[s.loop]})")
+            body += ["    " + ln for ln in ctx.lines]
+        post = _Body(p + 1, False, {}, finals, {**em.cache_pre, **final_cache})
+        for a in accs:
+            e = f"acc_{a.node.name}"
+            if a.kind == "any":
+                e = f"({e} != 0)"
+            tv = em.tvars(a.node)
+            for f, pw in a.pulled:
+                fe = em.arg(f, tv, post)
+                e = f"{e} * {fe}" if pw > 0 else f"{e} / {fe}"
+            finals[a.node] = f"red_{a.node.name}"
+            post.lines.append(f"red_{a.node.name} = {e}")
+        body += post.lines
+        final_cache.update(post.cache)
+    if s.loop is None and s.accums:
+        raise ScheduleError("reductions without a loop variable")
+    store_ctx = _Body(s.passes, False, {}, finals, {**em.cache_pre, **final_cache})
+    for r in s.plan.roots:
+        em.store(r, outputs.get(r), store_ctx)
+    body += store_ctx.lines
+    head = [f"def {name}({', '.join(b.name for b in em.buffers)}):"]
+    prog = []
+    if s.row is not None:
+        prog.append(f"o_{s.row} = tl.program_id(0) * {em.blk[s.row]} + tl.arange(0, {em.blk[s.row]})")
+        prog.append(f"r0 = tl.program_id(0) * {em.blk[s.row]}")
+    rest = "tl.program_id(1)"
+    for v in reversed(s.batch):
+        prog.append(f"i_{v} = {rest} % {v.extent}")
+        rest = f"({rest} // {v.extent})"
+    for v in s.whole:
+        prog.append(f"o_{v} = tl.arange(0, {em.blk[v]})")
+    lines = head + ["    " + ln for ln in prog + em.pre + body]
+    src = "import triton\nimport triton.language as tl\n\n\n@triton.jit\n" + "\n".join(lines) + "\n"
+    grid0 = -(-s.row.extent // em.blk[s.row]) if s.row is not None else 1
+    grid1 = 1
+    for v in s.batch:
+        grid1 *= v.extent
+    blocks = {str(v): em.blk[v] for v in em.blk}
+    return KernelSource(name, src, em.buffers, (grid0, grid1), num_warps, num_stages, blocks)
+
+
+def _segments(em: _Emitter) -> list[tuple[str, str, bool]]:
+    """Loop ranges: predicated head, unpredicated bulk, predicated tail; skipped tiles left out."""
+    s, bl = em.s, em.blk[em.s.loop]
+    L = s.loop
+    lo, hi = ["0"], [str(L.extent)]
+    ulo, uhi = ["0"], [str((L.extent // bl) * bl)]
+    for h in s.skip:
+        cl = h.coeff(L)
+        cr = h.coeff(s.row) if s.row is not None else 0
+        if cr:
+            r1 = f"(r0 + {em.blk[s.row] - 1})"
+            a, b = f"{cr} * r0", f"{cr} * {r1}"
+            kmin, kmax = f"(tl.minimum({a}, {b}) + {h.const})", f"(tl.maximum({a}, {b}) + {h.const})"
+        else:
+            kmin = kmax = str(h.const)
+        if cl > 0:
+            hi.append(f"(tl.maximum(-{kmin}, 0) + {cl - 1}) // {cl}")
+            uhi.append(f"((tl.maximum(-{kmax}, 0) + {cl - 1}) // {cl}) // {bl} * {bl}")
+        else:
+            d = -cl
+            lo.append(f"(tl.maximum({kmin} + {d}, 0) // {d}) // {bl} * {bl}")
+            ulo.append(f"((tl.maximum({kmax} + {d}, 0) // {d}) + {bl - 1}) // {bl} * {bl}")
+    em.pre.append(f"lo = {_fold('tl.maximum', lo)}")
+    em.pre.append(f"hi = {_fold('tl.minimum', hi)}")
+    em.pre.append(f"ua = tl.minimum(tl.maximum({_fold('tl.maximum', ulo)}, lo), hi)")
+    em.pre.append(f"ub = tl.maximum(ua, {_fold('tl.minimum', uhi)})")
+    return [("lo", "ua", False), ("ua", "ub", True), ("ub", "hi", False)]
+
+
+def _fold(fn: str, xs: list[str]) -> str:
+    return xs[0] if len(xs) == 1 else f"{fn}({xs[0]}, {_fold(fn, xs[1:])})"
+
+
+def _loop_body(em: _Emitter, ctx: _Body, accs: list[Accum], running: dict) -> None:
+    """One tile step: running maxima first, then every accumulator of the pass."""
+    s = em.s
+    L = s.loop
+    pred = not ctx.unpredicated
+    news = {}
+    for a in accs:
+        if a.kind in ("max", "min"):
+            x = a.node.args[0]
+            xt = em.tvars(x)
+            e = em.arg(x, xt, ctx)
+            if pred:
+                e = f"tl.where({em.idx(L, xt)} < {L.extent}, {e}, {_lit(IDENTITY[a.kind])})"
+            fn = "max" if a.kind == "max" else "min"
+            new = f"new_{a.node.name}"
+            ctx.lines.append(f"{new} = tl.{fn}imum({running[a.node]}, tl.{fn}({e}, axis={xt.index(L)}))")
+            safe = f"safe_{a.node.name}"
+            ctx.lines.append(f"{safe} = tl.where({new} == {_lit(IDENTITY[a.kind])}, 0.0, {new})")
+            ctx.running[a.node] = safe
+            news[a.node] = new
+    for a in accs:
+        acc = running[a.node]
+        tv = em.tvars(a.node)
+        alpha = ""
+        for d in a.rescale:
+            old = running[d]
+            al = em.fresh("alpha")
+            ctx.lines.append(f"{al} = tl.exp({old} - {ctx.running[d]})")
+            alpha += f" * {em.bcast(al, em.tvars(d), tv)}"
+        if a.kind in ("max", "min"):
+            continue
+        if a.kind == "any":
+            x = a.node.args[0]
+            xt = em.tvars(x)
+            e = f"({em.arg(x, xt, ctx)} != 0)"
+            if pred:
+                e = f"({e} & ({em.idx(L, xt)} < {L.extent}))"
+            ctx.lines.append(f"{acc} = tl.maximum({acc}, tl.max({e}.to(tl.int32), axis={xt.index(L)}))")
+            continue
+        if a.node in s.dots:
+            fa, fb, k = s.dots[a.node]
+            opa = em.operand(fa, a.node, True, ctx, ctx.lines, mask_loop=pred)
+            opb = em.operand(fb, a.node, False, ctx, ctx.lines)
+            ctx.lines.append(f"{acc} = tl.dot({opa}, {opb}, {acc}{alpha}{em.dot_prec(fa + fb)})")
+            continue
+        xt = [v for v in s.order if any(isinstance(f, LNode) and v in f.vars for f, _ in a.kept)]
+        if L not in xt:
+            raise ScheduleError(f"{a.node.name}: summand does not vary along the loop")
+        e = em.product(a.kept, xt, ctx)
+        if pred:
+            e = f"tl.where({em.idx(L, xt)} < {L.extent}, {e}, 0.0)"
+        ctx.lines.append(f"{acc} = {acc}{alpha} + tl.sum({e}, axis={xt.index(L)})")
+    for d, new in news.items():
+        ctx.lines.append(f"{running[d]} = {new}")
+
+
+def _store(self: _Emitter, r: LNode, out: Optional[LOutput], ctx: _Body) -> None:
+    tv = self.tvars(r)
+    e, have = self.value(r, ctx)
+    e = self.bcast(e, have, tv)
+    if out is None:
+        buf = self.buffer(r, [v.extent for v in r.vars], torch.float32 if r.dtype.is_floating_point else r.dtype, "intermediate")
+        strides = dict(zip(r.vars, _contig([v.extent for v in r.vars])))
+        dtype = torch.float32 if r.dtype.is_floating_point else r.dtype
+    else:
+        buf = self.buffer(out, out.shape, out.dtype, "output")
+        strides = {}
+        for d, st in zip(out.dims, _contig(out.shape)):
+            inner = st
+            for v in reversed(d):
+                strides[v] = inner
+                inner *= v.extent
+        dtype = out.dtype
+        if set(strides) != set(r.vars):
+            raise ScheduleError("an output is broadcast along a variable its value does not depend on")
+    off = " + ".join(f"{self.idx(v, tv)} * {strides[v]}" for v in r.vars) or "0"
+    mask = self.range_mask(tv, False)
+    val = e if tv or e.startswith("x") or e.startswith("red") else e
+    if not tv:
+        val = f"tl.full([], {e}, tl.float32)" if not e.isidentifier() else e
+    val = f"{val}.to({_TL[dtype]})"
+    if tv:
+        shape = ", ".join(str(self.blk[v]) for v in tv)
+        val = f"tl.broadcast_to({val}, ({shape}))"
+    ctx.lines.append(f"tl.store({buf} + {off}, {val}" + (f", mask={mask})" if mask else ")"))
+
+
+_Emitter.store = _store

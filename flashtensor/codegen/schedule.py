@@ -1,0 +1,239 @@
+"""Tile schedule of one kernel: grid, loop and in-tile variables, where each node is computed,
+and how the loop's reductions are carried (DESIGN 3.2, 3.3, 3.5).
+
+A reduction over the loop variable that reads another one is carried online when a rule
+applies: a factor that does not vary along the loop moves out of the sum, and a factor
+exp(y - d) on a running max d is corrected by exp(d_old - d_new) whenever d moves.
+Otherwise it waits for a later pass over the loop. Tiles where every reduction of a pass
+provably adds its identity are skipped; tiles wholly inside the live region drop the
+predicate.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+from ..analysis.facts import IDENTITY, Facts, negate
+from ..analysis.roles import Roles, kernel_nodes, reduction_deps, roles
+from ..ir.loops import Affine, LNode, Var
+from ..partition.plan import KernelPlan
+
+MAX_WHOLE = 256           # largest extent held whole in a tile
+Factor = tuple[Union[LNode, float, int], int]   # (value, power +1 / -1)
+
+
+class ScheduleError(Exception):
+    pass
+
+
+@dataclass
+class Accum:
+    node: LNode
+    kind: str
+    pass_: int = 0
+    kept: list[Factor] = field(default_factory=list)      # summand factors computed in the loop
+    pulled: list[Factor] = field(default_factory=list)    # loop-invariant factors applied after the loop
+    rescale: list[LNode] = field(default_factory=list)    # running maxima inside exp(. - d) factors
+
+
+@dataclass
+class Schedule:
+    plan: KernelPlan
+    nodes: list[LNode]
+    boundary: set[LNode]
+    batch: list[Var]
+    row: Optional[Var]
+    loop: Optional[Var]
+    whole: list[Var]
+    accums: dict[LNode, Accum]
+    passes: int
+    skip: list[Affine]            # half-planes where every loop reduction contributes its identity
+    facts: Facts
+    roles: Roles
+    dots: dict[LNode, tuple]      # sum reductions emitted as tl.dot: node -> (A factors, B factors, K)
+
+    @property
+    def order(self) -> list[Var]:
+        """Canonical axis order of every tile."""
+        return [v for v in (self.row, self.loop) if v is not None] + self.whole
+
+    def tile_vars(self, n: LNode) -> list[Var]:
+        return [v for v in self.order if v in n.vars]
+
+    def live_constant(self, n: LNode):
+        """The constant `n` takes on tiles wholly inside the live region, if the facts give one."""
+        live = {negate(h) for h in self.skip}
+        for region, value in self.facts.of(n):
+            if region and set(region) <= live:
+                return value
+        return None
+
+
+def factorize(x, power: int = 1) -> list[Factor]:
+    """A product as its factors, seeing through mul, div and float casts."""
+    if isinstance(x, LNode):
+        if x.op == "mul":
+            return factorize(x.args[0], power) + factorize(x.args[1], power)
+        if x.op == "div":
+            return factorize(x.args[0], power) + factorize(x.args[1], -power)
+        if x.op == "cast" and x.dtype.is_floating_point and x.args[0].dtype.is_floating_point:
+            return factorize(x.args[0], power)
+    return [(x, power)]
+
+
+def _reaches(n, targets: set[LNode], boundary: set[LNode], memo: dict) -> set[LNode]:
+    if not isinstance(n, LNode) or n in boundary:
+        return set()
+    if id(n) in memo:
+        return memo[id(n)]
+    out = {n} & targets
+    if n not in targets:
+        for a in n.inputs:
+            out |= _reaches(a, targets, boundary, memo)
+    memo[id(n)] = out
+    return out
+
+
+def _dot_split(factors: list[Factor], tile: list[Var], k: Var) -> Optional[tuple]:
+    """Split a product over three tile variables into operands over (M, K) and (K, N)."""
+    others = [v for v in tile if v is not k]
+    if len(others) != 2:
+        return None
+    m, n = others
+    a, b = [], []
+    for f, p in factors:
+        vs = set(f.vars) if isinstance(f, LNode) else set()
+        if n not in vs:
+            a.append((f, p))
+        elif m not in vs:
+            b.append((f, p))
+        else:
+            return None
+    if not a or not b or any(p < 0 and isinstance(f, LNode) and k in f.vars for f, p in a + b):
+        return None
+    return a, b, k
+
+
+def build_schedule(plan: KernelPlan, loop_choice: Optional[Var] = None) -> Schedule:
+    boundary = set(plan.loads)
+    nodes = kernel_nodes(plan.roots, boundary)
+    compute = [n for n in nodes if n not in boundary]
+    role = roles(plan.roots, nodes, boundary)
+    parallel = set(role.parallel)
+    # batch variables: shared by both operands of a contraction and not contracted
+    dot_batch: set[Var] = set()
+    for n in compute:
+        if n.op == "reduce" and n.attrs["kind"] == "sum":
+            fs = [f for f, _ in factorize(n.args[0]) if isinstance(f, LNode)]
+            if len(fs) >= 2:
+                shared = set(fs[0].vars).intersection(*[set(f.vars) for f in fs[1:]])
+                dot_batch |= shared - {n.attrs["var"]}
+    free = [v for v in role.parallel if v not in dot_batch]
+    row = max(free, key=lambda v: (v.extent, -v.id)) if free else None
+    all_vars = {v for n in nodes for v in n.vars} | {n.attrs["var"] for n in compute if n.op == "reduce"}
+    reduced = sorted({n.attrs["var"] for n in compute if n.op == "reduce"} - parallel, key=lambda v: (-v.extent, v.id))
+    candidates = [loop_choice] if loop_choice else (reduced or [None])
+    errors = []
+    for loop in candidates:
+        batch = sorted((parallel & dot_batch) | (parallel - set(free)), key=lambda v: v.id)
+        whole = sorted(all_vars - set(batch) - {row, loop}, key=lambda v: v.id)
+        try:
+            return _finish(plan, nodes, compute, boundary, batch, row, loop, whole, role)
+        except ScheduleError as e:
+            errors.append(f"loop over {loop}: {e}")
+    raise ScheduleError("; ".join(errors))
+
+
+def _finish(plan, nodes, compute, boundary, batch, row, loop, whole, role) -> Schedule:
+    for v in whole:
+        if v.extent > MAX_WHOLE:
+            raise ScheduleError(f"variable {v} of extent {v.extent} would have to be held whole in a tile")
+    if any(v in batch for v in ([loop] if loop else [])):
+        raise ScheduleError("loop variable is also a batch variable")
+    sched = Schedule(plan, nodes, boundary, batch, row, loop, whole, {}, 1, [], Facts().run(nodes), role, {})
+    # contractions -> tl.dot, and the tile-rank limit everywhere else
+    dot_args: set[int] = set()
+    for n in compute:
+        if n.op == "reduce" and n.attrs["kind"] == "sum":
+            tv = sched.tile_vars(n.args[0])
+            if len(tv) == 3 and n.attrs["var"] in tv:
+                split = _dot_split(factorize(n.args[0]), tv, n.attrs["var"])
+                if split is None:
+                    raise ScheduleError(f"{n.name}: a sum over a three-variable product that is not a contraction")
+                sched.dots[n] = split
+                dot_args.add(id(n.args[0]))
+                for f in _chain(n.args[0]):
+                    dot_args.add(id(f))
+    for n in compute:
+        if id(n) not in dot_args and len(sched.tile_vars(n)) > 2:
+            raise ScheduleError(f"{n.name} would need a tile over {sched.tile_vars(n)}")
+    if loop is not None:
+        _carry(sched, compute, boundary, loop)
+    return sched
+
+
+def _chain(x) -> list[LNode]:
+    """The mul/div/cast nodes a factorised product passes through (never materialised)."""
+    out = []
+    while isinstance(x, LNode) and x.op in ("mul", "div", "cast"):
+        out.append(x)
+        if x.op == "cast":
+            x = x.args[0]
+        else:
+            out += _chain(x.args[1])
+            x = x.args[0]
+    return out
+
+
+def _carry(sched: Schedule, compute: list[LNode], boundary: set[LNode], loop: Var) -> None:
+    reds = [n for n in compute if n.op == "reduce" and n.attrs["var"] is loop]
+    red_set = set(reds)
+    deps = reduction_deps(compute, loop, boundary)
+    memo: dict = {}
+    later: dict[LNode, set[LNode]] = {r: set() for r in reds}   # deps that need an earlier pass
+    for r in reds:
+        acc = Accum(r, r.attrs["kind"])
+        sched.accums[r] = acc
+        if acc.kind != "sum":
+            later[r] = set(deps[r])
+            acc.kept = [(r.args[0], 1)]
+            continue
+        for f, p in factorize(r.args[0]):
+            touched = _reaches(f, red_set, boundary, memo)
+            if not touched:
+                acc.kept.append((f, p))
+            elif loop not in f.vars:
+                acc.pulled.append((f, p))
+            elif (f.op == "exp" and isinstance(f.args[0], LNode) and f.args[0].op == "sub"
+                  and f.args[0].args[1] in red_set and sched.accums.get(f.args[0].args[1], Accum(r, "")).kind == "max"
+                  and not _reaches(f.args[0].args[0], red_set, boundary, memo) and p == 1):
+                acc.kept.append((f, p))
+                acc.rescale.append(f.args[0].args[1])
+            else:
+                acc.kept.append((f, p))
+                later[r] |= touched
+        if r in sched.dots:
+            split = _dot_split(acc.kept, sched.tile_vars(r.args[0]), loop)
+            if split is None:
+                raise ScheduleError(f"{r.name}: contraction operands do not separate once factors move out")
+            sched.dots[r] = split
+    # passes: a dependency carried online shares the pass, any other needs an earlier one
+    for r in reds:   # reds are in topological order
+        acc = sched.accums[r]
+        p = 0
+        for d in deps[r]:
+            p = max(p, sched.accums[d].pass_ + (1 if d in later[r] else 0))
+        acc.pass_ = p
+        acc.rescale = [d for d in acc.rescale if sched.accums[d].pass_ == p]
+    sched.passes = 1 + max((a.pass_ for a in sched.accums.values()), default=0)
+    if sched.passes > 1 and len({a.pass_ for a in sched.accums.values()}) != sched.passes:
+        raise ScheduleError("empty pass")
+    # skip regions: half-planes over (row, loop) where every reduction of every pass is its identity
+    common: Optional[set[Affine]] = None
+    allowed = {v for v in (sched.row, loop) if v is not None}
+    for r in reds:
+        ident = IDENTITY[r.attrs["kind"]]
+        hs = {reg[0] for reg, v in sched.facts.of(r.args[0]) if len(reg) == 1 and v == ident
+              and loop in reg[0].vars and set(reg[0].vars) <= allowed}
+        common = hs if common is None else common & hs
+    sched.skip = sorted(common or [], key=str)

@@ -1,0 +1,324 @@
+"""Capture: a PyTorch callable plus example inputs -> graph IR.
+
+We trace with `make_fx` (ATen-level proxy tracing) rather than torch.export:
+it takes any Python callable, closures and Python constants included, without
+wrapping it in an nn.Module, and the torch.compile backend reuses the same path
+on the FX graph Dynamo hands it. Python control flow is specialised to the
+example inputs' shapes and dtypes, which is why plans are keyed on them.
+"""
+from __future__ import annotations
+
+import operator
+import traceback
+from typing import Any, Callable, Sequence
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..ir.graph import Builder, Graph, Node
+
+aten = torch.ops.aten
+
+
+class CaptureError(RuntimeError):
+    pass
+
+
+class _SourceRecorder(TorchDispatchMode):
+    """Remembers the user's source line for every ATen call, so errors and warnings can point at it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[Any, str]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls.append((func, _user_frame()))
+        return func(*args, **(kwargs or {}))
+
+
+def _user_frame() -> str:
+    for fr in reversed(traceback.extract_stack()[:-2]):
+        f = fr.filename
+        if "/torch/" in f or "/flashtensor/" in f or f.startswith("<"):
+            continue
+        return f"{f}:{fr.lineno}: {(fr.line or '').strip()}"
+    return ""
+
+
+def trace(fn: Callable, args: Sequence[torch.Tensor]) -> tuple[torch.fx.GraphModule, list[tuple[Any, str]]]:
+    rec = _SourceRecorder()
+
+    def wrapped(*a):
+        with rec:
+            return fn(*a)
+
+    try:
+        gm = make_fx(wrapped)(*args)
+    except Exception as e:  # data-dependent control flow, unsupported Python, ...
+        raise CaptureError(f"could not trace {getattr(fn, '__name__', fn)}: {type(e).__name__}: {e}") from e
+    return gm, rec.calls
+
+
+def capture(fn: Callable, args: Sequence[torch.Tensor]) -> Graph:
+    """Trace `fn(*args)` to ATen and lower it into the graph IR."""
+    gm, calls = trace(fn, args)
+    return from_fx(gm, calls)
+
+
+def from_fx(gm: torch.fx.GraphModule, calls: Sequence[tuple[Any, str]] = ()) -> Graph:
+    b = Builder()
+    env: dict[torch.fx.Node, Any] = {}
+    inputs: list[Node] = []
+    pending = list(calls)
+
+    def source_of(target) -> str:
+        for k, (f, src) in enumerate(pending):
+            if f == target:
+                del pending[: k + 1]
+                return src
+        return ""
+
+    for fx in gm.graph.nodes:
+        if fx.op == "placeholder":
+            val = fx.meta["val"]
+            n = b.add("input", (), val.shape, val.dtype, index=len(inputs), device=val.device)
+            inputs.append(n)
+            env[fx] = n
+        elif fx.op == "get_attr":
+            t = getattr(gm, fx.target)
+            env[fx] = b.add("const", (), t.shape, t.dtype, value=t)
+        elif fx.op == "call_function":
+            env[fx] = _lower_call(b, fx, env, source_of(fx.target))
+        elif fx.op == "output":
+            outs = fx.args[0]
+            outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+            res = [env[o] for o in outs]
+            if not all(isinstance(r, Node) for r in res):
+                raise CaptureError("every output of the program must be a tensor")
+            return Graph(inputs, res, b.nodes)
+    raise CaptureError("traced graph has no output")
+
+
+def _meta(fx: torch.fx.Node) -> tuple[tuple[int, ...], torch.dtype]:
+    v = fx.meta["val"]
+    return tuple(v.shape), v.dtype
+
+
+def _lower_call(b: Builder, fx: torch.fx.Node, env: dict, src: str) -> Any:
+    def arg(a):
+        if isinstance(a, torch.fx.Node):
+            return env[a]
+        if isinstance(a, (list, tuple)):
+            return type(a)(arg(x) for x in a)
+        return a
+
+    t = fx.target
+    args = [arg(a) for a in fx.args]
+    kw = {k: arg(v) for k, v in fx.kwargs.items()}
+    if t is operator.getitem:
+        base, idx = args
+        if isinstance(base, (list, tuple)):
+            return base[idx]
+        raise CaptureError(f"unexpected getitem on {base}")
+    if t in _MULTI:
+        return _MULTI[t](b, fx, args, kw, src)
+    shape, dtype = _meta(fx)
+    rule = _RULES.get(t)
+    if rule is not None:
+        out = rule(b, args, kw, shape, dtype, src)
+        if out is not None:
+            return out
+    return _opaque(b, t, args, kw, shape, dtype, src, None)
+
+
+def _opaque(b, t, args, kw, shape, dtype, src, index):
+    tensors = [a for a in args if isinstance(a, Node)]
+    spec = ["<tensor>" if isinstance(a, Node) else a for a in args]
+    if any(isinstance(x, Node) for a in args if isinstance(a, (list, tuple)) for x in a) or any(isinstance(v, Node) for v in kw.values()):
+        raise CaptureError(f"op {t} takes tensors inside a list; not supported ({src or 'source unknown'})")
+    return b.add("opaque", tuple(tensors), shape, dtype, src, fn=t, arg_spec=spec, kwargs=kw, index=index)
+
+
+def _multi_opaque(b, fx, args, kw, src):
+    vals = fx.meta["val"]
+    return [
+        _opaque(b, fx.target, args, kw, tuple(v.shape), v.dtype, src, k) if isinstance(v, torch.Tensor) else None
+        for k, v in enumerate(vals)
+    ]
+
+
+def _norm_dims(dims, rank):
+    if dims is None or dims == []:
+        return list(range(rank))
+    if isinstance(dims, int):
+        dims = [dims]
+    return sorted(d % rank for d in dims)
+
+
+def _reduce(kind):
+    def rule(b, args, kw, shape, dtype, src):
+        x = args[0]
+        dims = _norm_dims(args[1] if len(args) > 1 else kw.get("dim"), len(x.shape))
+        keep = bool(args[2] if len(args) > 2 else kw.get("keepdim", False))
+        if kind == "sum" and x.dtype != dtype and x.dtype != torch.bool:
+            x = b.add("cast", (x,), x.shape, dtype, src)
+        return b.add("reduce", (x,), shape, dtype, src, kind=kind, dims=dims, keepdim=keep)
+    return rule
+
+
+def _max_dim(b, fx, args, kw, src):
+    """max.dim / min.dim: values lower to a reduction; indices stay opaque (the IR has no argmax)."""
+    x, dim = args[0], args[1]
+    keep = bool(args[2]) if len(args) > 2 else False
+    vals = fx.meta["val"]
+    kind = "max" if fx.target == aten.max.dim else "min"
+    v = b.add("reduce", (x,), tuple(vals[0].shape), vals[0].dtype, src, kind=kind, dims=[dim % len(x.shape)], keepdim=keep)
+    i = _opaque(b, fx.target, args, kw, tuple(vals[1].shape), vals[1].dtype, src, 1)
+    return [v, i]
+
+
+def _split(b, fx, args, kw, src):
+    x, size = args[0], args[1]
+    dim = (args[2] if len(args) > 2 else kw.get("dim", 0)) % len(x.shape)
+    sizes = size if isinstance(size, (list, tuple)) else [size] * -(-x.shape[dim] // size)
+    outs, start = [], 0
+    for v, s in zip(fx.meta["val"], sizes):
+        s = min(s, x.shape[dim] - start)
+        outs.append(b.add("slice", (x,), tuple(v.shape), v.dtype, src, dim=dim, start=start))
+        start += s
+    return outs
+
+
+_MULTI = {aten.max.dim: _max_dim, aten.min.dim: _max_dim, aten.split.Tensor: _split,
+          aten.split_with_sizes.default: _split, aten.sort.default: _multi_opaque, aten.topk.default: _multi_opaque}
+
+
+def _unary(op):
+    return lambda b, a, kw, shape, dtype, src: b.add(op, (a[0],), shape, dtype, src)
+
+
+def _binary(op):
+    def rule(b, a, kw, shape, dtype, src):
+        x, y = a[0], a[1]
+        alpha = kw.get("alpha", a[2] if len(a) > 2 else 1)
+        if alpha != 1:
+            y = b.add("mul", (y, alpha), y.shape if isinstance(y, Node) else (), dtype, src)
+        return b.add(op, (x, y), shape, dtype, src)
+    return rule
+
+
+def _identity(b, a, kw, shape, dtype, src):
+    return a[0]
+
+
+def _cast(b, a, kw, shape, dtype, src):
+    return a[0] if a[0].dtype == dtype else b.add("cast", (a[0],), shape, dtype, src)
+
+
+def _reshape(b, a, kw, shape, dtype, src):
+    return a[0] if tuple(a[0].shape) == shape else b.add("reshape", (a[0],), shape, dtype, src)
+
+
+def _full(value_of):
+    def rule(b, a, kw, shape, dtype, src):
+        return b.add("full", (), shape, dtype, src, value=value_of(a), device=kw.get("device") or torch.device("cpu"))
+    return rule
+
+
+def _like(value_of):
+    def rule(b, a, kw, shape, dtype, src):
+        return b.add("full", (), shape, dtype, src, value=value_of(a), device=a[0].attrs.get("device", None) or _device_of(a[0]))
+    return rule
+
+
+def _device_of(n: Node):
+    return n.attrs.get("device", torch.device("cpu"))
+
+
+def _arange(b, a, kw, shape, dtype, src):
+    nums = list(a) + [kw[k] for k in ("start", "end", "step") if k in kw]
+    start, step = (0, 1) if len(nums) == 1 else (nums[0], nums[2] if len(nums) > 2 else 1)
+    dev = kw.get("device") or torch.device("cpu")
+    r = b.add("iota", (), shape, dtype, src, dim=0, device=dev)
+    if step != 1:
+        r = b.add("mul", (r, step), shape, dtype, src)
+    if start != 0:
+        r = b.add("add", (r, start), shape, dtype, src)
+    return r
+
+
+def _sq(b, a, kw, shape, dtype, src):
+    return _reshape(b, a, kw, shape, dtype, src)
+
+
+_RULES: dict[Any, Callable] = {
+    **{getattr(aten, k).default: _unary(k) for k in ("neg", "exp", "log", "tanh", "abs", "sigmoid", "sqrt",
+                                                      "rsqrt", "exp2", "log2", "reciprocal", "logical_not")},
+    aten.bitwise_not.default: _unary("logical_not"),
+    **{getattr(aten, k).Tensor: _binary(k) for k in ("add", "sub", "mul", "div", "eq", "ne", "lt", "le", "gt", "ge")},
+    **{getattr(aten, k).Scalar: _binary(k) for k in ("add", "sub", "mul", "div", "eq", "ne", "lt", "le", "gt", "ge")},
+    aten.pow.Tensor_Scalar: _binary("pow"), aten.pow.Tensor_Tensor: _binary("pow"),
+    aten.maximum.default: _binary("maximum"), aten.minimum.default: _binary("minimum"),
+    aten.logical_and.default: _binary("logical_and"), aten.logical_or.default: _binary("logical_or"),
+    aten.bitwise_and.Tensor: _binary("logical_and"), aten.bitwise_or.Tensor: _binary("logical_or"),
+    aten.rsub.Scalar: lambda b, a, kw, s, d, src: b.add("sub", (a[1], a[0]), s, d, src),
+    aten.relu.default: lambda b, a, kw, s, d, src: b.add("maximum", (a[0], 0.0), s, d, src),
+    aten.where.self: lambda b, a, kw, s, d, src: b.add("where", tuple(a[:3]), s, d, src),
+    aten._to_copy.default: _cast, aten.clone.default: _identity, aten.alias.default: _identity,
+    aten.detach.default: _identity, aten.lift_fresh_copy.default: _identity, aten.contiguous.default: _identity,
+    aten.sum.dim_IntList: _reduce("sum"), aten.sum.default: _reduce("sum"),
+    aten.amax.default: _reduce("max"), aten.amin.default: _reduce("min"),
+    aten.max.default: _reduce("max"), aten.min.default: _reduce("min"),
+    aten.any.dim: _reduce("any"), aten.any.default: _reduce("any"), aten.any.dims: _reduce("any"),
+    aten.mean.dim: lambda b, a, kw, s, d, src: b.add("mean", (a[0],), s, d, src, dims=_norm_dims(a[1], len(a[0].shape)), keepdim=bool(a[2] if len(a) > 2 else kw.get("keepdim", False))),
+    aten.mean.default: lambda b, a, kw, s, d, src: b.add("mean", (a[0],), s, d, src, dims=list(range(len(a[0].shape))), keepdim=False),
+    aten.bmm.default: lambda b, a, kw, s, d, src: b.add("matmul", (a[0], a[1]), s, d, src),
+    aten.mm.default: lambda b, a, kw, s, d, src: b.add("matmul", (a[0], a[1]), s, d, src),
+    aten.addmm.default: lambda b, a, kw, s, d, src: b.add("addmm", (a[0], a[1], a[2]), s, d, src) if kw.get("beta", 1) == 1 and kw.get("alpha", 1) == 1 else None,
+    aten.linear.default: lambda b, a, kw, s, d, src: b.add("linear", tuple(x for x in a[:3] if x is not None), s, d, src),
+    aten._softmax.default: lambda b, a, kw, s, d, src: b.add("softmax", (a[0],), s, d, src, dim=a[1] % len(s)),
+    aten._log_softmax.default: lambda b, a, kw, s, d, src: b.add("log_softmax", (a[0],), s, d, src, dim=a[1] % len(s)),
+    aten.linalg_vector_norm.default: lambda b, a, kw, s, d, src: b.add("norm", (a[0],), s, d, src, ord=float(a[1] if len(a) > 1 else 2), dims=_norm_dims(a[2] if len(a) > 2 else None, len(a[0].shape)), keepdim=bool(a[3] if len(a) > 3 else False)),
+    aten.clamp_min.default: lambda b, a, kw, s, d, src: b.add("clamp", (a[0],), s, d, src, min=a[1], max=None),
+    aten.clamp_max.default: lambda b, a, kw, s, d, src: b.add("clamp", (a[0],), s, d, src, min=None, max=a[1]),
+    aten.clamp.default: lambda b, a, kw, s, d, src: b.add("clamp", (a[0],), s, d, src, min=a[1] if len(a) > 1 else kw.get("min"), max=a[2] if len(a) > 2 else kw.get("max")),
+    aten.masked_fill.Scalar: lambda b, a, kw, s, d, src: b.add("masked_fill", (a[0], a[1], a[2]), s, d, src),
+    aten.masked_fill.Tensor: lambda b, a, kw, s, d, src: b.add("masked_fill", (a[0], a[1], a[2]), s, d, src) if not a[2].shape else None,
+    aten.triu.default: lambda b, a, kw, s, d, src: b.add("triu", (a[0],), s, d, src, diagonal=a[1] if len(a) > 1 else 0),
+    aten.tril.default: lambda b, a, kw, s, d, src: b.add("tril", (a[0],), s, d, src, diagonal=a[1] if len(a) > 1 else 0),
+    aten.full.default: _full(lambda a: a[1]),
+    aten.zeros.default: _full(lambda a: 0), aten.ones.default: _full(lambda a: 1),
+    aten.scalar_tensor.default: _full(lambda a: a[0]),
+    aten.full_like.default: _like(lambda a: a[1]), aten.zeros_like.default: _like(lambda a: 0),
+    aten.ones_like.default: _like(lambda a: 1),
+    aten.arange.default: _arange, aten.arange.start: _arange, aten.arange.start_step: _arange,
+    aten.transpose.int: lambda b, a, kw, s, d, src: b.add("permute", (a[0],), s, d, src, dims=_swap(len(s), a[1], a[2])),
+    aten.t.default: lambda b, a, kw, s, d, src: b.add("permute", (a[0],), s, d, src, dims=list(range(len(s)))[::-1]),
+    aten.permute.default: lambda b, a, kw, s, d, src: b.add("permute", (a[0],), s, d, src, dims=[x % len(s) for x in a[1]]),
+    aten.view.default: _reshape, aten._unsafe_view.default: _reshape, aten.reshape.default: _reshape,
+    aten.unsqueeze.default: _sq, aten.squeeze.dim: _sq, aten.squeeze.dims: _sq, aten.squeeze.default: _sq,
+    aten.expand.default: lambda b, a, kw, s, d, src: a[0] if tuple(a[0].shape) == s else b.add("expand", (a[0],), s, d, src),
+    aten.select.int: lambda b, a, kw, s, d, src: b.add("select", (a[0],), s, d, src, dim=a[1] % len(a[0].shape), index=a[2] % a[0].shape[a[1]]),
+    aten.slice.Tensor: lambda b, a, kw, s, d, src: _slice(b, a, s, d, src),
+}
+
+
+def _swap(rank, i, j):
+    dims = list(range(rank))
+    i, j = i % rank, j % rank
+    dims[i], dims[j] = dims[j], dims[i]
+    return dims
+
+
+def _slice(b, a, s, d, src):
+    x = a[0]
+    dim = (a[1] if len(a) > 1 else 0) % len(x.shape)
+    start = a[2] if len(a) > 2 and a[2] is not None else 0
+    step = a[4] if len(a) > 4 else 1
+    if step != 1:
+        return None
+    start = max(0, start + x.shape[dim] if start < 0 else start)
+    if tuple(x.shape) == s:
+        return x
+    return b.add("slice", (x,), s, d, src, dim=dim, start=min(start, x.shape[dim]))

@@ -1,0 +1,22 @@
+"""Reference evaluator: runs any graph IR with plain torch ops (the oracle every stage is checked against)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .graph import Graph, Node, topo_order
+from .ops import EVAL
+
+
+def evaluate(g: Graph, args: Sequence[torch.Tensor], env: dict[Node, torch.Tensor] | None = None) -> list[torch.Tensor]:
+    """Values of `g.outputs` for the given program inputs; `env` may pre-set any node's value."""
+    vals: dict[Node, object] = dict(env or {})
+    for n, a in zip(g.inputs, args):
+        vals.setdefault(n, a)
+    for n in topo_order(g.outputs, stop=set(vals)):
+        if n in vals:
+            continue
+        ins = [vals[a] if isinstance(a, Node) else a for a in n.args]
+        vals[n] = EVAL[n.op](n, *ins)
+    return [vals[o] for o in g.outputs]

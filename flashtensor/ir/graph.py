@@ -1,0 +1,116 @@
+"""Graph IR: a typed, shaped DAG of tensor ops close to ATen, with a text printer.
+
+Nodes hold their arguments positionally (other nodes or Python scalars) and op
+parameters in `attrs`. The op vocabulary and its meaning live in `ir.ops`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import torch
+
+
+@dataclass(eq=False)
+class Node:
+    op: str
+    args: tuple
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    attrs: dict = field(default_factory=dict)
+    name: str = ""
+    source: str = ""  # the user's source line that produced it, when known
+
+    @property
+    def inputs(self) -> list["Node"]:
+        return [a for a in self.args if isinstance(a, Node)]
+
+    def __repr__(self) -> str:
+        return f"%{self.name}"
+
+
+@dataclass
+class Graph:
+    """Nodes in topological order; `inputs` are the program's tensor arguments in call order."""
+    inputs: list[Node]
+    outputs: list[Node]
+    nodes: list[Node]
+
+    def users(self) -> dict[Node, list[Node]]:
+        out: dict[Node, list[Node]] = {n: [] for n in self.nodes}
+        for n in self.nodes:
+            for a in n.inputs:
+                out[a].append(n)
+        return out
+
+    def __str__(self) -> str:
+        return format_graph(self)
+
+
+def _fmt_arg(a: Any) -> str:
+    if isinstance(a, Node):
+        return f"%{a.name}"
+    if isinstance(a, float):
+        return repr(a)
+    return str(a)
+
+
+def _fmt_dtype(dt: torch.dtype) -> str:
+    return str(dt).replace("torch.", "")
+
+
+def format_graph(g: Graph) -> str:
+    lines = ["graph(" + ", ".join(f"%{n.name}: {_fmt_dtype(n.dtype)}{list(n.shape)}" for n in g.inputs) + "):"]
+    for n in g.nodes:
+        if n.op == "input":
+            continue
+        attrs = ", ".join(f"{k}={_fmt_attr(v)}" for k, v in n.attrs.items())
+        args = ", ".join(_fmt_arg(a) for a in n.args)
+        inner = ", ".join(x for x in (args, attrs) if x)
+        lines.append(f"  %{n.name}: {_fmt_dtype(n.dtype)}{list(n.shape)} = {n.op}({inner})")
+    lines.append("  return " + ", ".join(f"%{n.name}" for n in g.outputs))
+    return "\n".join(lines)
+
+
+def _fmt_attr(v: Any) -> str:
+    if isinstance(v, torch.dtype):
+        return _fmt_dtype(v)
+    if callable(v):
+        return getattr(v, "__name__", str(v))
+    if isinstance(v, torch.Tensor):
+        return f"tensor{list(v.shape)}"
+    return repr(v)
+
+
+def topo_order(outputs: Iterable[Node], stop: set[Node] | frozenset = frozenset()) -> list[Node]:
+    """Every node reachable from `outputs` without passing through `stop`, producers first."""
+    order: list[Node] = []
+    seen: set[int] = set()
+    stack = [(n, False) for n in reversed(list(outputs))]
+    while stack:
+        n, done = stack.pop()
+        if done:
+            order.append(n)
+            continue
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        stack.append((n, True))
+        if n not in stop:
+            stack.extend((a, False) for a in reversed(n.inputs) if id(a) not in seen)
+    return order
+
+
+class Builder:
+    """Appends nodes with unique names; used by capture and by graph rewrites."""
+
+    def __init__(self) -> None:
+        self.nodes: list[Node] = []
+        self._count: dict[str, int] = {}
+
+    def add(self, op: str, args: tuple, shape: tuple[int, ...], dtype: torch.dtype, source: str = "", **attrs: Any) -> Node:
+        k = self._count.get(op, 0)
+        self._count[op] = k + 1
+        n = Node(op, tuple(args), tuple(int(s) for s in shape), dtype, attrs, f"{op}{k}" if k else op, source)
+        self.nodes.append(n)
+        return n

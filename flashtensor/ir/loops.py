@@ -1,0 +1,213 @@
+"""Loop-form IR: every value is a function of named loop variables (DESIGN 3.1).
+
+Layout ops are gone here: a program input is read through an affine index map
+(`load`), index tensors are affine expressions of variables (`iota`), a matmul
+is a product followed by a sum over its contracted variable, and each
+reduction removes exactly one variable. Program outputs name, for each of
+their dimensions, the variables (row-major) that index it.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from .ops import BINARY, UNARY
+
+_ids = itertools.count()
+
+
+class Var:
+    """A loop variable: an index running over range(extent)."""
+
+    __slots__ = ("id", "extent", "name")
+
+    def __init__(self, extent: int, name: str = "") -> None:
+        self.id = next(_ids)
+        self.extent = int(extent)
+        self.name = name or f"v{self.id}"
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class Affine:
+    """sum(coeff * var) + const over loop variables."""
+    terms: tuple[tuple[Var, int], ...] = ()
+    const: int = 0
+
+    @staticmethod
+    def of(v: Var) -> "Affine":
+        return Affine(((v, 1),), 0)
+
+    @property
+    def vars(self) -> list[Var]:
+        return [v for v, _ in self.terms]
+
+    def __add__(self, other: "Affine") -> "Affine":
+        acc: dict[Var, int] = {}
+        for v, c in self.terms + other.terms:
+            acc[v] = acc.get(v, 0) + c
+        return Affine(tuple((v, c) for v, c in acc.items() if c), self.const + other.const)
+
+    def scale(self, k: int) -> "Affine":
+        return Affine(tuple((v, c * k) for v, c in self.terms if c * k), self.const * k)
+
+    def substitute(self, sub: dict[Var, "Affine"]) -> "Affine":
+        out = Affine((), self.const)
+        for v, c in self.terms:
+            out = out + (sub[v] if v in sub else Affine.of(v)).scale(c)
+        return out
+
+    def coeff(self, v: Var) -> int:
+        return dict(self.terms).get(v, 0)
+
+    def __str__(self) -> str:
+        parts = [(f"{c}*{v}" if c != 1 else f"{v}") for v, c in self.terms]
+        if self.const or not parts:
+            parts.append(str(self.const))
+        return " + ".join(parts)
+
+
+@dataclass(eq=False)
+class LNode:
+    op: str                      # load | iota | scalar | cast | where | reduce | unary/binary op names
+    args: tuple                  # LNodes (or Python scalars for binary ops)
+    dtype: torch.dtype
+    vars: tuple[Var, ...]        # the variables this value depends on, by id
+    attrs: dict = field(default_factory=dict)
+    name: str = ""
+
+    @property
+    def inputs(self) -> list["LNode"]:
+        return [a for a in self.args if isinstance(a, LNode)]
+
+    def __repr__(self) -> str:
+        return f"%{self.name}"
+
+
+@dataclass(eq=False)
+class LOutput:
+    node: LNode
+    dims: list[list[Var]]        # per output dimension: the variables indexing it, row-major
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+@dataclass
+class LoopGraph:
+    inputs: list[tuple[tuple[int, ...], torch.dtype]]
+    nodes: list[LNode]
+    outputs: list[LOutput]
+
+    def __str__(self) -> str:
+        return format_loops(self)
+
+
+def var_union(*groups: Sequence[Var]) -> tuple[Var, ...]:
+    seen = {v.id: v for g in groups for v in g}
+    return tuple(seen[k] for k in sorted(seen))
+
+
+def format_node(n: LNode) -> str:
+    dt = str(n.dtype).replace("torch.", "")
+    if n.op == "load":
+        body = f"load(in{n.attrs['input']}[" + ", ".join(str(a) for a in n.attrs["index"]) + "])"
+    elif n.op == "iota":
+        body = f"iota({n.attrs['expr']})"
+    elif n.op == "scalar":
+        body = f"scalar({n.attrs['value']!r})"
+    elif n.op == "reduce":
+        body = f"{n.attrs['kind']}_{n.attrs['var']}({n.args[0]!r})"
+    else:
+        body = f"{n.op}(" + ", ".join(repr(a) for a in n.args) + ")"
+    return f"%{n.name}: {dt}[{', '.join(map(repr, n.vars))}] = {body}"
+
+
+def format_loops(g: LoopGraph) -> str:
+    vs = var_union(*(n.vars for n in g.nodes), *(d for o in g.outputs for d in o.dims))
+    lines = ["loops(" + ", ".join(f"{v}<{v.extent}" for v in vs) + "):"]
+    lines += ["  " + format_node(n) for n in g.nodes]
+    for k, o in enumerate(g.outputs):
+        lines.append(f"  out{k}[" + ", ".join("(" + ",".join(map(repr, d)) + ")" for d in o.dims) + f"] = %{o.node.name}")
+    return "\n".join(lines)
+
+
+def _compute_dtype(dt: torch.dtype) -> torch.dtype:
+    return torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
+
+
+def evaluate_loops(g: LoopGraph, args: Sequence[torch.Tensor], env: dict[LNode, torch.Tensor] | None = None) -> list[torch.Tensor]:
+    """Reference evaluator of the loop form: one torch tensor per node, one dim per variable (by id)."""
+    device = args[0].device if args else torch.device("cpu")
+    vals: dict[LNode, torch.Tensor] = dict(env or {})
+    for n in g.nodes:
+        if n not in vals:
+            vals[n] = _eval_node(n, vals, args, device)
+    outs = []
+    for o in g.outputs:
+        flat = [v for d in o.dims for v in d]
+        t = _align(vals[o.node], o.node.vars, tuple(flat))
+        t = t.expand([v.extent for v in flat]).reshape(o.shape).to(o.dtype)
+        outs.append(t.contiguous())
+    return outs
+
+
+def _align(t: torch.Tensor, have: tuple[Var, ...], want: tuple[Var, ...]) -> torch.Tensor:
+    """View `t` (dims = `have`) with dims in `want` order, size 1 where it does not depend on a var."""
+    perm = [have.index(v) for v in want if v in have]
+    t = t.permute(perm) if perm else t.reshape(())
+    shape = [v.extent if v in have else 1 for v in want]
+    return t.reshape(shape)
+
+
+def _index_grid(expr: Affine, vars_: tuple[Var, ...], device) -> torch.Tensor:
+    out = torch.full([1] * len(vars_), expr.const, dtype=torch.int64, device=device)
+    for v, c in expr.terms:
+        shape = [v.extent if w is v else 1 for w in vars_]
+        out = out + c * torch.arange(v.extent, device=device).reshape(shape)
+    return out
+
+
+def _eval_node(n: LNode, vals, args, device) -> torch.Tensor:
+    cd = _compute_dtype(n.dtype)
+    if n.op == "load":
+        src = args[n.attrs["input"]] if isinstance(n.attrs["input"], int) else vals[n.attrs["input"]]
+        idx = [_index_grid(e, n.vars, device) for e in n.attrs["index"]]
+        t = src[tuple(idx)] if idx else src.reshape(())
+        return t.expand([v.extent for v in n.vars]).to(cd)
+    if n.op == "iota":
+        return _index_grid(n.attrs["expr"], n.vars, device).expand([v.extent for v in n.vars]).to(cd)
+    if n.op == "scalar":
+        return torch.tensor(n.attrs["value"], dtype=cd, device=device)
+    if n.op == "reduce":
+        a = n.args[0]
+        x = vals[a]
+        d = a.vars.index(n.attrs["var"])
+        kind = n.attrs["kind"]
+        if kind == "sum":
+            r = x.sum(d, dtype=cd)
+        elif kind == "any":
+            r = x.bool().any(d)
+        else:
+            r = x.amax(d) if kind == "max" else x.amin(d)
+        return _align(r, tuple(v for v in a.vars if v is not n.attrs["var"]), n.vars)
+    ins = [_align(vals[a], a.vars, n.vars) if isinstance(a, LNode) else a for a in n.args]
+    if n.op == "cast":
+        return ins[0].to(n.dtype).to(cd)
+    if n.op == "where":
+        c, x, y = ins
+        x = x if isinstance(x, torch.Tensor) else torch.tensor(x, dtype=cd, device=device)
+        y = y if isinstance(y, torch.Tensor) else torch.tensor(y, dtype=cd, device=device)
+        return torch.where(c.bool(), x.to(cd), y.to(cd))
+    if n.op in UNARY:
+        return UNARY[n.op](ins[0]).to(cd)
+    a, b = ins
+    if not isinstance(a, torch.Tensor):
+        a = torch.tensor(a, dtype=b.dtype, device=device)
+    if n.op in ("maximum", "minimum"):
+        b = b if isinstance(b, torch.Tensor) else torch.tensor(b, dtype=a.dtype, device=device)
+    return BINARY[n.op](a, b).to(cd)

@@ -1,0 +1,60 @@
+"""Loads generated Triton source as a module and launches its kernels in plan order."""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from ..codegen.emit import KernelSource
+
+
+def cache_dir() -> Path:
+    """Where generated sources live; FLASHTENSOR_CACHE_DIR overrides."""
+    d = Path(os.environ.get("FLASHTENSOR_CACHE_DIR", Path.home() / ".cache" / "flashtensor"))
+    (d / "kernels").mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def load_kernel(k: KernelSource):
+    """Import the kernel from a file named by its source hash (Triton's jit reads source from files)."""
+    digest = hashlib.sha256(k.source.encode()).hexdigest()[:20]
+    mod_name = f"ft_{k.name}_{digest}"
+    if mod_name in sys.modules:
+        return getattr(sys.modules[mod_name], k.name)
+    path = cache_dir() / "kernels" / f"{mod_name}.py"
+    if not path.exists() or path.read_text() != k.source:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(k.source)
+        os.replace(tmp, path)
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = mod
+    spec.loader.exec_module(mod)
+    return getattr(mod, k.name)
+
+
+@dataclass
+class Launch:
+    source: KernelSource
+    fn: object
+
+    def __call__(self, buffers: dict) -> None:
+        args = [buffers[b.source] for b in self.source.buffers]
+        self.fn[self.source.grid](*args, num_warps=self.source.num_warps, num_stages=self.source.num_stages)
+
+
+def run_kernels(launches: Sequence[Launch], inputs: Sequence[torch.Tensor], outputs: list, device) -> dict:
+    """Allocate intermediates and outputs, launch every kernel; returns all buffers by key."""
+    buffers: dict = {("in", i): t.contiguous() for i, t in enumerate(inputs)}
+    for la in launches:
+        for b in la.source.buffers:
+            if b.source not in buffers:
+                buffers[b.source] = torch.empty(b.shape, dtype=b.dtype, device=device)
+        la(buffers)
+    return buffers

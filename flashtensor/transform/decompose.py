@@ -1,0 +1,116 @@
+"""Decomposition: composite ops -> primitives (reductions, elementwise math, index predicates).
+
+softmax -> max, sub, exp, sum, div; log_softmax -> max, sub, exp, sum, log, sub;
+mean -> sum, div; norm(p=1) -> abs, sum; norm(p=2) -> mul, sum, sqrt;
+masked_fill -> where; triu/tril -> where over index tensors; clamp -> maximum/minimum;
+addmm/linear -> matmul, add. The result is evaluated by the same reference evaluator.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..ir.graph import Builder, Graph, Node
+
+_COMPUTE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
+
+
+def decompose(g: Graph) -> Graph:
+    b = Builder()
+    env: dict[Node, Node] = {}
+    for n in g.nodes:
+        args = tuple(env[a] if isinstance(a, Node) else a for a in n.args)
+        rule = _RULES.get(n.op)
+        env[n] = rule(b, n, *args) if rule else b.add(n.op, args, n.shape, n.dtype, n.source, **n.attrs)
+    return Graph([env[i] for i in g.inputs], [env[o] for o in g.outputs], b.nodes)
+
+
+def _keep_shape(shape, dims):
+    return tuple(1 if d in dims else s for d, s in enumerate(shape))
+
+
+def _red(b: Builder, kind: str, x: Node, dims, keep: bool, src: str, dtype=None) -> Node:
+    shape = _keep_shape(x.shape, dims) if keep else tuple(s for d, s in enumerate(x.shape) if d not in dims)
+    return b.add("reduce", (x,), shape, dtype or x.dtype, src, kind=kind, dims=list(dims), keepdim=keep)
+
+
+def _cast(b: Builder, x: Node, dtype, src: str) -> Node:
+    return x if x.dtype == dtype else b.add("cast", (x,), x.shape, dtype, src)
+
+
+def _softmax(b: Builder, n: Node, x: Node) -> Node:
+    """Computed in float32 for half types, as eager's kernels do internally."""
+    x = _cast(b, x, _COMPUTE.get(n.dtype, n.dtype), n.source)
+    d, s = n.attrs["dim"], n.source
+    m = _red(b, "max", x, [d], True, s)
+    z = b.add("sub", (x, m), x.shape, x.dtype, s)
+    e = b.add("exp", (z,), x.shape, x.dtype, s)
+    l = _red(b, "sum", e, [d], True, s)
+    if n.op == "softmax":
+        out = b.add("div", (e, l), x.shape, x.dtype, s)
+    else:
+        out = b.add("sub", (z, b.add("log", (l,), l.shape, l.dtype, s)), x.shape, x.dtype, s)
+    return _cast(b, out, n.dtype, s)
+
+
+def _mean(b: Builder, n: Node, x: Node) -> Node:
+    count = 1
+    for d in n.attrs["dims"]:
+        count *= x.shape[d]
+    t = _red(b, "sum", x, n.attrs["dims"], n.attrs["keepdim"], n.source)
+    return b.add("div", (t, float(count)), n.shape, n.dtype, n.source)
+
+
+def _norm(b: Builder, n: Node, x: Node) -> Node:
+    p, s = n.attrs["ord"], n.source
+    if p == 1.0:
+        return _red(b, "sum", b.add("abs", (x,), x.shape, x.dtype, s), n.attrs["dims"], n.attrs["keepdim"], s)
+    if p == 2.0:
+        sq = b.add("mul", (x, x), x.shape, x.dtype, s)
+        t = _red(b, "sum", sq, n.attrs["dims"], n.attrs["keepdim"], s)
+        return b.add("sqrt", (t,), n.shape, n.dtype, s)
+    if p == float("inf"):
+        return _red(b, "max", b.add("abs", (x,), x.shape, x.dtype, s), n.attrs["dims"], n.attrs["keepdim"], s)
+    return b.add("norm", (x,), n.shape, n.dtype, s, **n.attrs)  # other orders stay composite (evaluated as is)
+
+
+def _clamp(b: Builder, n: Node, x: Node) -> Node:
+    if n.attrs["min"] is not None:
+        x = b.add("maximum", (x, n.attrs["min"]), n.shape, n.dtype, n.source)
+    if n.attrs["max"] is not None:
+        x = b.add("minimum", (x, n.attrs["max"]), n.shape, n.dtype, n.source)
+    return x
+
+
+def _masked_fill(b: Builder, n: Node, x: Node, mask: Node, v) -> Node:
+    if isinstance(v, Node):
+        v = _cast(b, v, n.dtype, n.source)
+    return b.add("where", (mask, v, x), n.shape, n.dtype, n.source)
+
+
+def _tri(lower: bool):
+    def rule(b: Builder, n: Node, x: Node) -> Node:
+        r, s = len(n.shape), n.source
+        dev = x.attrs.get("device", torch.device("cpu"))
+        rows = b.add("iota", (), n.shape[-2:], torch.int64, s, dim=0, device=dev)
+        cols = b.add("iota", (), n.shape[-2:], torch.int64, s, dim=1, device=dev)
+        diff = b.add("sub", (cols, rows), n.shape[-2:], torch.int64, s)
+        keep = b.add("le" if lower else "ge", (diff, n.attrs["diagonal"]), n.shape[-2:], torch.bool, s)
+        return b.add("where", (keep, x, 0.0 if x.dtype.is_floating_point else 0), n.shape, n.dtype, s)
+    return rule
+
+
+def _addmm(b: Builder, n: Node, bias: Node, x: Node, w: Node) -> Node:
+    mm = b.add("matmul", (x, w), n.shape, n.dtype, n.source)
+    return b.add("add", (mm, bias), n.shape, n.dtype, n.source)
+
+
+def _linear(b: Builder, n: Node, x: Node, w: Node, bias: Node | None = None) -> Node:
+    wt = b.add("permute", (w,), (w.shape[1], w.shape[0]), w.dtype, n.source, dims=[1, 0])
+    mm = b.add("matmul", (x, wt), n.shape, n.dtype, n.source)
+    return mm if bias is None else b.add("add", (mm, bias), n.shape, n.dtype, n.source)
+
+
+_RULES = {
+    "softmax": _softmax, "log_softmax": _softmax, "mean": _mean, "norm": _norm, "clamp": _clamp,
+    "masked_fill": _masked_fill, "triu": _tri(False), "tril": _tri(True), "addmm": _addmm, "linear": _linear,
+}

@@ -1,0 +1,396 @@
+"""Layout normalisation: graph IR -> loop form (DESIGN 3.1).
+
+Every tensor axis gets a loop variable; elementwise ops and matmuls unify the
+variables of matching axes, the way einsum unifies indices. Layout ops only
+regroup variables: a reshape that merges axes keeps their variables
+(row-major), one that splits an axis splits its variable, permute reorders,
+expand adds a variable the value does not depend on. select and slice
+substitute an affine expression for a variable and re-derive the producer
+under it, so layout ops never survive into the core graph: inputs are read
+through affine index maps.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from ..ir.graph import Graph, Node
+from ..ir.loops import Affine, LNode, LOutput, LoopGraph, Var, var_union
+from ..ir.ops import BINARY, UNARY
+
+
+class LoweringError(Exception):
+    """The program (or one op in it) has no loop-form lowering; the caller falls back."""
+
+    def __init__(self, node: Node | None, why: str) -> None:
+        where = f" ({node.op} at {node.source})" if node is not None and node.source else (f" ({node.op})" if node is not None else "")
+        super().__init__(why + where)
+        self.node = node
+
+
+class _Solver:
+    """Union-find over variables, where a root may be split into row-major parts."""
+
+    def __init__(self) -> None:
+        self.parent: dict[Var, Var] = {}
+        self.parts: dict[Var, list[Var]] = {}
+
+    def new(self, extent: int) -> Var:
+        return Var(extent)
+
+    def find(self, v: Var) -> Var:
+        while v in self.parent:
+            v = self.parent[v]
+        return v
+
+    def atoms(self, v: Var) -> list[Var]:
+        r = self.find(v)
+        if r in self.parts:
+            return [a for p in self.parts[r] for a in self.atoms(p)]
+        return [r]
+
+    def axis_atoms(self, axis: Sequence[Var]) -> list[Var]:
+        return [a for v in axis for a in self.atoms(v)]
+
+    def split(self, v: Var, first: int) -> tuple[Var, Var]:
+        """Split atom v (extent first*rest) into (hi, lo) with hi of extent `first`."""
+        r = self.find(v)
+        hi, lo = Var(first), Var(r.extent // first)
+        self.parts[r] = [hi, lo]
+        return hi, lo
+
+    def unify(self, a: Sequence[Var], b: Sequence[Var], node: Node) -> None:
+        xs, ys = self.axis_atoms(a), self.axis_atoms(b)
+        i = j = 0
+        while i < len(xs) and j < len(ys):
+            x, y = self.find(xs[i]), self.find(ys[j])
+            if x is y:
+                i, j = i + 1, j + 1
+            elif x.extent == y.extent:
+                self.parent[x] = y
+                i, j = i + 1, j + 1
+            elif x.extent > y.extent and x.extent % y.extent == 0:
+                hi, lo = self.split(x, y.extent)
+                self.parent[hi] = y
+                xs[i] = lo
+                j += 1
+            elif y.extent > x.extent and y.extent % x.extent == 0:
+                hi, lo = self.split(y, x.extent)
+                self.parent[hi] = x
+                ys[j] = lo
+                i += 1
+            else:
+                raise LoweringError(node, f"axes of extents {x.extent} and {y.extent} cannot be aligned")
+        if i < len(xs) or j < len(ys):
+            raise LoweringError(node, "axes do not line up")
+
+
+@dataclass
+class _LV:
+    node: LNode
+    axes: list[list[Var]]
+
+
+def _mk(op: str, args: tuple, dtype: torch.dtype, **attrs) -> LNode:
+    return LNode(op, args, dtype, var_union(*(a.vars for a in args if isinstance(a, LNode))), attrs)
+
+
+class _Lowerer:
+    def __init__(self, g: Graph) -> None:
+        self.g = g
+        self.s = _Solver()
+        self.vals: dict[Node, _LV] = {}
+        self.consts: list[torch.Tensor] = []
+
+    # --- variables -----------------------------------------------------------------
+    def fresh_axes(self, shape: Sequence[int]) -> list[list[Var]]:
+        return [[Var(d)] if d != 1 else [] for d in shape]
+
+    def load(self, source, shape: Sequence[int], dtype: torch.dtype) -> _LV:
+        axes = self.fresh_axes(shape)
+        index = tuple(Affine.of(a[0]) if a else Affine() for a in axes)
+        node = LNode("load", (), dtype, var_union(*axes), {"input": source, "index": index})
+        return _LV(node, axes)
+
+    # --- ops -------------------------------------------------------------------------
+    def lower(self, n: Node) -> _LV:
+        a = [self.vals[x] if isinstance(x, Node) else x for x in n.args]
+        op = n.op
+        if op == "input":
+            return self.load(n.attrs["index"], n.shape, n.dtype)
+        if op == "const":
+            self.consts.append(n.attrs["value"])
+            return self.load(len(self.g.inputs) + len(self.consts) - 1, n.shape, n.dtype)
+        if op == "full":
+            return _LV(_mk("scalar", (), n.dtype, value=n.attrs["value"]), self.fresh_axes(n.shape))
+        if op == "iota":
+            axes = self.fresh_axes(n.shape)
+            v = axes[n.attrs["dim"]]
+            expr = Affine.of(v[0]) if v else Affine()
+            return _LV(LNode("iota", (), n.dtype, tuple(v), {"expr": expr}), axes)
+        if op in UNARY or op == "cast":
+            return _LV(_mk(op, (a[0].node,), n.dtype), a[0].axes)
+        if op in BINARY or op == "where":
+            return self.elementwise(n, a)
+        if op == "reduce":
+            return self.reduce(n, a[0])
+        if op == "matmul":
+            return self.matmul(n, a[0], a[1])
+        if op == "permute":
+            return _LV(a[0].node, [a[0].axes[d] for d in n.attrs["dims"]])
+        if op == "reshape":
+            return self.reshape(n, a[0])
+        if op == "expand":
+            x = a[0]
+            off = len(n.shape) - len(x.axes)
+            axes = [[] for _ in range(off)] + [list(ax) for ax in x.axes]
+            for d, size in enumerate(n.shape):
+                if size != 1 and not axes[d]:
+                    axes[d] = [Var(size)]
+            return _LV(x.node, axes)
+        if op in ("select", "slice"):
+            return self.index(n, a[0])
+        raise LoweringError(n, f"op '{op}' has no loop-form lowering")
+
+    def rename_apart(self, ops: list, roles: list[list[object]]) -> list:
+        """Give an operand fresh copies of variables that another operand uses in a different role.
+
+        `roles[k][d]` names the role of operand k's axis d (an output dim, or "K" for a contracted
+        axis). One tensor reaching an op twice (x.T @ x, or q, k, v selected from one projection)
+        would otherwise tie two different axes to one variable and compute only the diagonal.
+        """
+        seen: dict[Var, object] = {}
+        out = []
+        for x, role in zip(ops, roles):
+            if not isinstance(x, _LV):
+                out.append(x)
+                continue
+            clash: dict[Var, Var] = {}
+            for ax, r in zip(x.axes, role):
+                for v in self.s.axis_atoms(ax):
+                    if seen.setdefault(v, r) != r:
+                        clash[v] = Var(v.extent)
+            if clash:
+                sub = {v: Affine.of(w) for v, w in clash.items()}
+                node = Rebuilder(self.s).rebuild(x.node, sub)
+                x = _LV(node, [[clash.get(v, v) for v in self.s.axis_atoms(ax)] for ax in x.axes])
+            out.append(x)
+        return out
+
+    def elementwise(self, n: Node, a: list) -> _LV:
+        r = len(n.shape)
+        a = self.rename_apart(a, [[d + r - len(x.axes) for d in range(len(x.axes))] if isinstance(x, _LV) else [] for x in a])
+        axes: list[list[Var]] = []
+        for d in range(r):
+            cands = []
+            for x in a:
+                if isinstance(x, _LV):
+                    k = d - (r - len(x.axes))
+                    if k >= 0 and x.axes[k] and n.shape[d] != 1:
+                        cands.append(x.axes[k])
+            for c in cands[1:]:
+                self.s.unify(cands[0], c, n)
+            axes.append(list(cands[0]) if cands else [])
+        args = tuple(x.node if isinstance(x, _LV) else x for x in a)
+        return _LV(_mk(n.op, args, n.dtype), axes)
+
+    def reduce(self, n: Node, x: _LV) -> _LV:
+        dims = n.attrs["dims"]
+        node = x.node
+        if node.dtype != n.dtype and n.attrs["kind"] == "sum":
+            node = _mk("cast", (node,), n.dtype)
+        node = _mk("reduce_axes", (node,), n.dtype, kind=n.attrs["kind"], axes=[v for d in dims for v in x.axes[d]])
+        axes = [ax if d not in dims else [] for d, ax in enumerate(x.axes)]
+        if not n.attrs["keepdim"]:
+            axes = [ax for d, ax in enumerate(axes) if d not in dims]
+        return _LV(node, axes)
+
+    def matmul(self, n: Node, x: _LV, y: _LV) -> _LV:
+        if len(x.axes) < 2 or len(y.axes) < 2:
+            raise LoweringError(n, "matmul with a vector operand")
+        batch = len(n.shape) - 2
+        x, y = self.rename_apart([x, y], [
+            [d + batch - (len(x.axes) - 2) for d in range(len(x.axes) - 2)] + ["M", "K"],
+            [d + batch - (len(y.axes) - 2) for d in range(len(y.axes) - 2)] + ["K", "N"]])
+        self.s.unify(x.axes[-1], y.axes[-2], n)
+        axes: list[list[Var]] = []
+        for d in range(batch):
+            cands = []
+            for z in (x, y):
+                k = d - (batch - (len(z.axes) - 2))
+                if k >= 0 and z.axes[k] and n.shape[d] != 1:
+                    cands.append(z.axes[k])
+            for c in cands[1:]:
+                self.s.unify(cands[0], c, n)
+            axes.append(list(cands[0]) if cands else [])
+        axes += [x.axes[-2], y.axes[-1]]
+        cd = torch.float32 if n.dtype in (torch.float16, torch.bfloat16) else n.dtype
+        prod = _mk("mul", (x.node, y.node), cd)
+        s = _mk("reduce_axes", (prod,), cd, kind="sum", axes=list(x.axes[-1]))
+        return _LV(s if cd == n.dtype else _mk("cast", (s,), n.dtype), axes)
+
+    def reshape(self, n: Node, x: _LV) -> _LV:
+        flat = self.s.axis_atoms([v for ax in x.axes for v in ax])
+        axes: list[list[Var]] = []
+        for size in n.shape:
+            ax: list[Var] = []
+            have = 1
+            while have < size:
+                if not flat:
+                    raise LoweringError(n, "reshape does not line up with its input")
+                v = self.s.find(flat.pop(0))
+                if have * v.extent <= size:
+                    ax.append(v)
+                    have *= v.extent
+                elif size % have == 0 and v.extent % (size // have) == 0:
+                    hi, lo = self.s.split(v, size // have)
+                    ax.append(hi)
+                    flat.insert(0, lo)
+                    have = size
+                else:
+                    raise LoweringError(n, "reshape splits an axis unevenly")
+            if have != size:
+                raise LoweringError(n, "reshape does not line up with its input")
+            axes.append(ax)
+        return _LV(x.node, axes)
+
+    def index(self, n: Node, x: _LV) -> _LV:
+        """select / slice: substitute the indexed variable(s) and re-derive the producer."""
+        d = n.attrs["dim"]
+        atoms = self.s.axis_atoms(x.axes[d])
+        sub: dict[Var, Affine] = {}
+        if n.op == "select":
+            idx = n.attrs["index"]
+            for v in reversed(atoms):
+                sub[v] = Affine((), idx % v.extent)
+                idx //= v.extent
+            new_axis: list[Var] = []
+        else:
+            start, size = n.attrs["start"], n.shape[d]
+            inner = 1
+            for v in atoms[1:]:
+                inner *= v.extent
+            if not atoms or start % inner or size % inner:
+                raise LoweringError(n, "slice that does not align with the axis' variables")
+            lead = Var(size // inner) if size // inner != 1 else None
+            sub[atoms[0]] = (Affine.of(lead) if lead else Affine()) + Affine((), start // inner)
+            new_axis = ([lead] if lead else []) + atoms[1:]
+        node = Rebuilder(self.s).rebuild(x.node, sub)
+        axes = [list(ax) for ax in x.axes]
+        if n.op == "select":
+            del axes[d]
+        else:
+            axes[d] = new_axis
+        return _LV(node, axes)
+
+
+class Rebuilder:
+    """Re-derives a subgraph with variables resolved to atoms and an affine substitution applied.
+
+    Also hash-conses: structurally equal nodes become one node.
+    """
+
+    def __init__(self, s: _Solver) -> None:
+        self.s = s
+        self.memo: dict[tuple, LNode] = {}
+        self.cons: dict[tuple, LNode] = {}
+
+    def affine(self, e: Affine, sub: dict[Var, Affine]) -> Affine:
+        out = Affine((), e.const)
+        for v, c in e.terms:
+            atoms = self.s.atoms(v)
+            stride = 1
+            val = Affine()
+            for a in reversed(atoms):
+                val = val + (sub[a] if a in sub else Affine.of(a)).scale(stride)
+                stride *= a.extent
+            out = out + val.scale(c)
+        return out
+
+    def rebuild(self, n: LNode, sub: dict[Var, Affine]) -> LNode:
+        key = (id(n), tuple(sorted((v.id, e) for v, e in sub.items())))
+        if key in self.memo:
+            return self.memo[key]
+        if n.op in ("load", "iota"):
+            attrs = dict(n.attrs)
+            if n.op == "load":
+                attrs["index"] = tuple(self.affine(e, sub) for e in n.attrs["index"])
+                vs = [v for e in attrs["index"] for v in e.vars]
+            else:
+                attrs["expr"] = self.affine(n.attrs["expr"], sub)
+                vs = attrs["expr"].vars
+            out = self.cons_node(n.op, (), n.dtype, var_union(vs), attrs)
+        elif n.op in ("reduce_axes", "reduce"):
+            bound = [a for ax in n.attrs.get("axes", [n.attrs.get("var")]) for a in self.s.atoms(ax)]
+            out = self.rebuild(n.args[0], {v: e for v, e in sub.items() if v not in bound})  # reduced vars are bound
+            for v in bound:
+                out = self.reduce(n.attrs["kind"], out, v, n.dtype)
+        else:
+            args = tuple(self.rebuild(a, sub) if isinstance(a, LNode) else a for a in n.args)
+            out = self.cons_node(n.op, args, n.dtype, var_union(*(a.vars for a in args if isinstance(a, LNode))), dict(n.attrs))
+        self.memo[key] = out
+        return out
+
+    def reduce(self, kind: str, x: LNode, v: Var, dtype: torch.dtype) -> LNode:
+        if v not in x.vars:
+            if kind != "sum":
+                return x
+            return self.cons_node("mul", (x, float(v.extent) if dtype.is_floating_point else v.extent), dtype, x.vars, {})
+        return self.cons_node("reduce", (x,), dtype, tuple(w for w in x.vars if w is not v), {"kind": kind, "var": v})
+
+    def cons_node(self, op, args, dtype, vars_, attrs) -> LNode:
+        key = (op, tuple(id(a) if isinstance(a, LNode) else ("s", type(a).__name__, a) for a in args), dtype,
+               tuple(sorted((k, _hashable(v)) for k, v in attrs.items())))
+        hit = self.cons.get(key)
+        if hit is None:
+            hit = self.cons[key] = LNode(op, args, dtype, vars_, attrs)
+        return hit
+
+
+def _hashable(v):
+    if isinstance(v, (list, tuple)):
+        return tuple(_hashable(x) for x in v)
+    if isinstance(v, Var):
+        return ("var", v.id)
+    if isinstance(v, float) and v != v:
+        return "nan"
+    return v
+
+
+def to_loops(g: Graph) -> tuple[LoopGraph, list[torch.Tensor]]:
+    """Lower a decomposed graph to loop form. Returns the loop graph and the tensor constants it reads
+    (passed after the program inputs). Raises LoweringError naming the op when it cannot."""
+    low = _Lowerer(g)
+    for n in g.nodes:
+        low.vals[n] = low.lower(n)
+    rb = Rebuilder(low.s)
+    outs = []
+    for o in g.outputs:
+        lv = low.vals[o]
+        node = rb.rebuild(lv.node, {})
+        dims = [low.s.axis_atoms(ax) for ax in lv.axes]
+        outs.append(LOutput(node, dims, tuple(o.shape), o.dtype))
+    nodes = _topo([o.node for o in outs])
+    for k, n in enumerate(nodes):
+        n.name = f"t{k}"
+    ins = [(tuple(i.shape), i.dtype) for i in g.inputs] + [(tuple(c.shape), c.dtype) for c in low.consts]
+    return LoopGraph(ins, nodes, outs), low.consts
+
+
+def _topo(roots: list[LNode]) -> list[LNode]:
+    order: list[LNode] = []
+    seen: set[int] = set()
+
+    def visit(n: LNode) -> None:
+        if id(n) in seen:
+            return
+        seen.add(id(n))
+        for a in n.inputs:
+            visit(a)
+        order.append(n)
+
+    for r in roots:
+        visit(r)
+    return order

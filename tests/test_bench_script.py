@@ -1,0 +1,75 @@
+"""benchmarks/: the BENCHMARKS.md renderer on made-up numbers, and the CPU check-only path end to end."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # benchmarks/ is not part of the installed package
+
+from benchmarks import bench, to_markdown  # noqa: E402
+
+
+def _rec(ms, err=1e-4, ok=True, error=None):
+    return {"ms": ms, "rel_err": [err], "bool_mismatch": [], "ok": ok, "error": error}
+
+
+def synthetic() -> dict:
+    return {
+        "date": "2030-01-02T03:04:05+00:00", "device": "NVIDIA H200", "torch": "2.11.0", "triton": "3.6.0",
+        "cuda": "13.0", "shape": "paper", "dims": {"S": 4096, "H": 32}, "dtype": "fp16", "rep_ms": 200,
+        "timed": True, "ceilings": {"matmul_tflops": 671.3, "copy_tbps": 4.213},
+        "systems": ["eager", "compile", "sdpa", "flashtensor"], "sdpa_attn_ms": None,
+        "workloads": {
+            "attn": {"eager": _rec(6.4), "compile": _rec(1.6), "sdpa": _rec(0.25), "flashtensor": _rec(0.32)},
+            "h2o": {"eager": _rec(7.2), "compile": _rec(2.4), "flashtensor": _rec(0.5, err=3e-2, ok=False)},
+            "ea": {"eager": _rec(0.55), "compile": _rec(0.44),
+                   "flashtensor": _rec(None, error="OutOfMemoryError: CUDA out of memory")},
+        },
+    }
+
+
+def test_markdown_has_numbers_and_ratios():
+    md = to_markdown.markdown(synthetic())
+    assert "NVIDIA H200, 2030-01-02T03:04:05+00:00" in md
+    assert "671 TFLOP/s" in md and "4.21 TB/s" in md
+    attn = next(line for line in md.splitlines() if line.startswith("| attn | 6.40"))
+    # 6.4 / 0.32 = 20x over eager, 1.6 / 0.32 = 5x over torch.compile, 0.32 / 0.25 = 1.28 of SDPA
+    assert attn == "| attn | 6.40 | 1.60 | 0.250 | 0.320 | 20.00x | 5.00x | 1.28 |"
+    h2o = next(line for line in md.splitlines() if line.startswith("| h2o | 7.20"))
+    assert h2o == "| h2o | 7.20 | 2.40 | - | 0.500 ✗ | 14.40x | 4.80x | 2.00 |"
+    ea = next(line for line in md.splitlines() if line.startswith("| ea | 0.550"))
+    assert ea == "| ea | 0.550 | 0.440 | - | error | - | - | - |"
+    assert "| h2o | 1.0e-04 | 1.0e-04 | - | 3.0e-02 ✗ |" in md
+    assert "- ea / flashtensor: OutOfMemoryError: CUDA out of memory" in md
+
+
+def test_plot_or_skip(tmp_path):
+    pytest.importorskip("matplotlib")
+    bench.plot(synthetic(), str(tmp_path / "p.png"))
+    assert (tmp_path / "p.png").stat().st_size > 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
+def test_refuses_timing_on_cpu():
+    assert bench.main(["attn"]) == 2
+
+
+def test_check_only_one_workload(tmp_path):
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, "-m", "benchmarks.bench", "attn", "--check-only", "--shape", "small",
+           "--dtype", "fp32", "--peers", "eager", "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, TRITON_INTERPRET="1"),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "[1/2] attn / eager ..." in proc.stdout and "[2/2] attn / flashtensor ..." in proc.stdout
+    res = json.loads(out.read_text())
+    assert res["systems"] == ["eager", "flashtensor"] and not res["timed"]
+    attn = res["workloads"]["attn"]
+    assert attn["eager"]["rel_err"] == [0.0] and attn["eager"]["ok"]
+    assert attn["flashtensor"]["error"] is None and attn["flashtensor"]["ok"]
+    assert attn["flashtensor"]["rel_err"][0] <= 1e-4

@@ -1,0 +1,222 @@
+"""The foundation against eager PyTorch: capture, decomposition, the compiled callable, fallback, recompilation."""
+import importlib.util
+import inspect
+import math
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import flashtensor as ft
+from flashtensor import workloads
+from flashtensor.ir.evaluate import evaluate
+from flashtensor.ir.ops import COMPOSITE
+from flashtensor.pipeline import FallbackWarning
+
+from conftest import assert_close, compare, rel_err
+
+SEED = 20240611
+
+
+def small(name: str, seed: int = SEED, dtype: torch.dtype = torch.float32):
+    return workloads.make(name, device="cpu", dtype=dtype, seed=seed, **workloads.SMALL)
+
+
+def eager(fn, *args):
+    with torch.no_grad():
+        return fn(*args)
+
+
+def tensors(args) -> list:
+    return [a for a in args if isinstance(a, torch.Tensor)]
+
+
+def line_in(fn, text: str) -> int:
+    """Line number of the line of `fn`'s source that contains `text` (so tests need not hard-code it)."""
+    lines, first = inspect.getsourcelines(fn)
+    return first + next(i for i, line in enumerate(lines) if text in line)
+
+
+# ---- the comparison itself (DESIGN section 6) ---------------------------------------------------
+
+def test_metric_follows_the_contract():
+    ref = torch.randn(64, 64)
+    assert rel_err(ref * (1 + 5e-5), ref) == pytest.approx(5e-5, rel=1e-2)
+    assert compare(ref * (1 + 5e-5), ref).ok
+    assert not compare(ref * (1 + 5e-4), ref).ok
+    half = ref.half()
+    assert compare((half.float() * (1 + 1e-3)).half(), half).ok
+    assert not compare((half.float() * (1 + 1e-2)).half(), half).ok
+    mask = ref > 0
+    assert compare(mask.clone(), mask).ok
+    flipped = mask.clone()
+    flipped[3, 5] = ~flipped[3, 5]
+    assert not compare(flipped, mask).ok
+    assert not compare(ref.double(), ref).ok and not compare(ref[:-1], ref).ok
+
+
+def test_metric_requires_matching_nan_and_inf():
+    ref = torch.randn(8, 8)
+    ref[0, 0], ref[1, 1], ref[2, 2] = math.nan, math.inf, -math.inf
+    assert compare(ref.clone(), ref).ok
+    for i, j, v in ((0, 0, 0.0), (1, 1, -math.inf), (3, 3, math.nan), (4, 4, math.inf)):
+        bad = ref.clone()
+        bad[i, j] = v
+        assert not compare(bad, ref).ok, (i, j, v)
+
+
+# ---- the reference workloads --------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", workloads.NAMES)
+def test_compiled_workload_matches_eager(name):
+    fn, args = small(name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FallbackWarning)  # snapkv's avg_pool runs eagerly on purpose
+        out = ft.compile(fn)(*args)
+    assert_close(out, eager(fn, *args))
+
+
+@pytest.mark.parametrize("name", workloads.NAMES)
+def test_captured_and_decomposed_graphs_match_eager(name):
+    fn, args = small(name, seed=SEED + 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FallbackWarning)
+        program = ft.explain(fn, *args).program
+    ref = eager(fn, *args)
+    assert_close(tuple(evaluate(program.captured, tensors(args))), ref)
+    assert_close(tuple(evaluate(program.decomposed, tensors(args))), ref)
+
+
+@pytest.mark.parametrize("name", workloads.NAMES)
+def test_decomposed_graph_has_no_composites(name):
+    fn, args = small(name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FallbackWarning)
+        program = ft.explain(fn, *args).program
+    assert any(n.op in COMPOSITE for n in program.captured.nodes)  # there was something to decompose
+    assert [n.op for n in program.decomposed.nodes if n.op in COMPOSITE] == []
+
+
+def test_ragged_batched_cross_attention_matches_eager():
+    """q_len != kv_len, batch 2, lengths that are not multiples of any tile."""
+    g = torch.Generator().manual_seed(SEED)
+    q = torch.randn(2, 48, 3, 16, generator=g)
+    k, v = torch.randn(2, 80, 3, 16, generator=g), torch.randn(2, 80, 3, 16, generator=g)
+    assert_close(ft.compile(workloads.h2o)(q, k, v), eager(workloads.h2o, q, k, v))
+
+
+def test_half_precision_workload_matches_eager():
+    fn, args = small("roco", dtype=torch.float16)
+    assert_close(ft.compile(fn)(*args), eager(fn, *args))
+
+
+def test_fully_masked_rows_give_nan_where_eager_does():
+    def masked(x, keep):
+        return torch.softmax(x.masked_fill(~keep, -math.inf), dim=-1)
+
+    x = torch.randn(6, 10)
+    keep = torch.rand(6, 10) > 0.3
+    keep[2] = False  # softmax of an all -inf row is NaN in eager
+    ref = masked(x, keep)
+    assert ref[2].isnan().all() and not ref[0].isnan().any()
+    assert_close(ft.compile(masked)(x, keep), ref)
+
+
+# ---- fallback ------------------------------------------------------------------------------------
+
+def running_total(x, w):
+    y = torch.cumsum(x, dim=-1)  # no IR op: falls back to eager
+    return torch.softmax(y * w, dim=-1)
+
+
+def sorted_scaled(x):
+    values, order = torch.sort(x, dim=-1)  # multi-output op with no IR op
+    return values * 2.0, order
+
+
+def fallback_messages(fn, *args) -> list[str]:
+    """Compile and run `fn`, check it against eager, and return the FallbackWarning messages."""
+    with pytest.warns(FallbackWarning) as caught:
+        out = ft.compile(fn)(*args)
+    assert_close(out, eager(fn, *args))
+    return [str(w.message) for w in caught if w.category is FallbackWarning]
+
+
+# capture's source lookup skips every file whose path contains '/flashtensor/' (see the test below)
+_IN_FLASHTENSOR_DIR = "/flashtensor/" in Path(__file__).resolve().as_posix()
+
+
+@pytest.mark.xfail(_IN_FLASHTENSOR_DIR, strict=True, reason="checkout lies under a folder named flashtensor")
+@pytest.mark.parametrize("fn, op", [(running_total, "cumsum"), (sorted_scaled, "sort")])
+def test_unknown_op_falls_back_to_eager_with_a_warning(fn, op):
+    args = (torch.randn(5, 12), torch.randn(12))[: fn.__code__.co_argcount]
+    messages = fallback_messages(fn, *args)
+    where = f"{Path(__file__).name}:{line_in(fn, f'torch.{op}(')}"
+    assert any(op in m and where in m for m in messages), messages
+
+
+@pytest.mark.xfail(strict=True, reason="core bug: frontend.capture._user_frame skips any path containing "
+                                       "'/flashtensor/', not just this package's own files")
+def test_fallback_names_user_code_in_a_folder_called_flashtensor(tmp_path):
+    folder = tmp_path / "flashtensor"
+    folder.mkdir()
+    (folder / "user_code.py").write_text("import torch\n\ndef f(x):\n    return torch.cumsum(x, 0) * 2\n")
+    spec = importlib.util.spec_from_file_location("user_code", folder / "user_code.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    messages = fallback_messages(module.f, torch.randn(9))
+    assert any("cumsum" in m and "user_code.py:4" in m for m in messages), messages
+
+
+# ---- specialisation: one plan per signature ------------------------------------------------------
+
+def test_new_shape_or_dtype_recompiles_and_same_signature_reuses():
+    fn = workloads.attn
+    compiled = ft.compile(fn)
+    _, args = small("attn")
+    assert_close(compiled(*args), eager(fn, *args))
+    assert len(compiled.programs) == 1
+
+    g = torch.Generator().manual_seed(SEED)
+    other = tuple(torch.randn(1, 72, 2, 32, generator=g) for _ in range(3))
+    assert_close(compiled(*other), eager(fn, *other))
+    assert len(compiled.programs) == 2
+
+    wide = tuple(a.double() for a in other)
+    out = compiled(*wide)
+    assert out.dtype == torch.float64
+    assert_close(out, eager(fn, *wide))
+    assert len(compiled.programs) == 3
+
+    again = tuple(torch.randn_like(a) for a in other)
+    assert_close(compiled(*again), eager(fn, *again))
+    assert len(compiled.programs) == 3
+
+
+def test_closure_tensor_and_python_constants_match_eager():
+    bias = torch.randn(16)
+    scale = 0.37
+
+    def biased(x):
+        return torch.softmax(x * scale + bias, dim=-1) * 3.0 - 1.0
+
+    x = torch.randn(4, 16)
+    assert_close(ft.compile(biased)(x), biased(x))
+
+
+def test_non_tensor_arguments_are_baked_in_and_recompile():
+    fn, (q, k, v, noise) = small("keyformer")
+    compiled = ft.compile(fn)
+    for tau in (1.5, 0.7, 1.5):
+        assert_close(compiled(q, k, v, noise, tau), eager(fn, q, k, v, noise, tau))
+    assert len(compiled.programs) == 2
+
+    def shifted(x, shift):
+        return torch.exp(x - shift)
+
+    compiled = ft.compile(shifted)
+    x = torch.randn(3, 7)
+    for shift in (0.5, -2.0):
+        assert_close(compiled(x, shift), shifted(x, shift))
+    assert len(compiled.programs) == 2
