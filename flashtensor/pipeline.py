@@ -20,7 +20,8 @@ from .ir.evaluate import evaluate
 from .ir.graph import Graph, Node, topo_order
 from .ir.loops import LoopGraph
 from .partition.plan import KernelPlan, partition
-from .runtime.launch import Launch, load_kernel, run_kernels
+from .runtime.autotune import tune
+from .runtime.launch import Launch, run_kernels
 from .transform.decompose import decompose
 from .transform.loopform import LoweringError, to_loops
 
@@ -75,7 +76,7 @@ def build(fn: Callable, args: list[Any], **options: Any) -> Program:
             prog.notes.append(f"no lowering for {n.attrs['fn']} at {n.source or 'unknown source'}; "
                               "it and what depends on it run in eager PyTorch")
     if options.get("kernels", True):
-        _plan(prog)
+        _plan(prog, example)
     for msg in prog.notes:
         warnings.warn(f"FlashTensor: {msg}", FallbackWarning, stacklevel=4)
     return prog
@@ -98,7 +99,7 @@ def fusable_part(g: Graph) -> Graph:
     return Graph(g.inputs, outs, [n for n in g.nodes if n in set(nodes)])
 
 
-def _plan(prog: Program) -> None:
+def _plan(prog: Program, example: list[torch.Tensor]) -> None:
     fused = fusable_part(prog.decomposed)
     if not fused.outputs:
         return
@@ -108,19 +109,24 @@ def _plan(prog: Program) -> None:
         schedules = [build_schedule(p) for p in plans]
         largest = max(int(torch.Size(s).numel()) for s, _ in loops.inputs + [(o.shape, None) for o in loops.outputs])
         owner = {o.node: o for o in loops.outputs}
-        kernels = []
         for k, s in enumerate(schedules):
             src = emit_kernel(s, f"ft_kernel{k}", loops.inputs, {r: owner[r] for r in s.plan.roots if r in owner})
             for b in src.buffers:
                 if b.kind == "intermediate" and int(torch.Size(b.shape).numel()) > largest:
                     raise ScheduleError(f"plan would pass a {list(b.shape)} intermediate between kernels")
-            kernels.append(src)
     except (LoweringError, ScheduleError) as e:
         prog.notes.append(f"no fused plan: {e}; the program runs in eager PyTorch")
         return
     prog.fused, prog.loops, prog.consts = fused, loops, consts
-    prog.schedules, prog.kernels = schedules, kernels
-    prog.launches = [Launch(k, load_kernel(k)) for k in kernels]
+    prog.schedules = schedules
+    device = example[0].device
+    bufs: dict = {("in", i): t.contiguous() for i, t in enumerate(list(example) + [c.to(device) for c in consts])}
+    for k, s in enumerate(schedules):
+        roots = {r: owner[r] for r in s.plan.roots if r in owner}
+        la = tune(lambda cfg: emit_kernel(s, f"ft_kernel{k}", loops.inputs, roots, *cfg), example, bufs, device)
+        la(bufs)
+        prog.launches.append(la)
+    prog.kernels = [la.source for la in prog.launches]
 
 
 def _accept(plan: KernelPlan) -> Optional[str]:

@@ -7,6 +7,7 @@ Float math runs in float32; contraction operands stay in half precision when an 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -249,11 +250,15 @@ class _Emitter:
         return "" if self.half(factors) else ', input_precision="ieee"'
 
     def half(self, factors) -> Optional[torch.dtype]:
+        """Operand precision of a contraction: the half type of any operand, else float32.
+        Triton's CPU interpreter computes bf16 dots wrongly, so there they run in float32."""
+        bf16_ok = os.environ.get("TRITON_INTERPRET", "0") != "1"
         for f, _ in factors:
-            if isinstance(f, LNode) and f.dtype in _HALF:
-                return f.dtype
-            if isinstance(f, LNode) and f.op == "load" and self.inputs[f.attrs["input"]][1] in _HALF:
-                return self.inputs[f.attrs["input"]][1]
+            dt = f.dtype if isinstance(f, LNode) else None
+            if isinstance(f, LNode) and f.op == "load":
+                dt = self.inputs[f.attrs["input"]][1]
+            if dt == torch.float16 or (dt == torch.bfloat16 and bf16_ok):
+                return dt
         return None
 
     def operand(self, factors, red: LNode, is_a: bool, ctx, lines, mask_loop: bool = False) -> str:
@@ -278,6 +283,8 @@ class _Emitter:
                 expr = f"tl.where({self.idx(k, canon)} < {k.extent}, {expr}, 0.0)"
             if prec:
                 expr = f"({expr}).to({_TL[prec]})"
+            elif any(isinstance(f, LNode) and f.dtype == torch.bfloat16 for f, _ in a + b):
+                expr = f"({expr}).to(tl.bfloat16).to(tl.float32)"   # interpreter: round as the GPU would
         var = self.fresh("op")
         shape = ", ".join(str(self.blk[v]) for v in canon)
         lines.append(f"{var} = tl.broadcast_to({expr}, ({shape}))")
