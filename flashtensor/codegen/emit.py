@@ -67,7 +67,8 @@ class KernelSource:
 
 
 class _Emitter:
-    def __init__(self, s: Schedule, name: str, inputs: list, outputs: dict, block_row: int, block_loop: int) -> None:
+    def __init__(self, s: Schedule, name: str, inputs: list, outputs: dict, block_row: int, block_loop: int,
+                 faithful: bool) -> None:
         self.s, self.name = s, name
         self.inputs = inputs            # program input (shape, dtype) list
         self.outputs = outputs          # root LNode -> LOutput (program outputs) ; others are intermediates
@@ -83,6 +84,7 @@ class _Emitter:
         self.pre: list[str] = []
         self.cache_pre: dict[int, tuple[str, list[Var]]] = {}
         self.raw: dict[int, str] = {}
+        self.faithful = faithful
         self.finals: dict[LNode, str] = {}
         self.tmp = 0
 
@@ -206,6 +208,9 @@ class _Emitter:
         if op == "cast":
             e = self.arg(n.args[0], tv, ctx)
             if n.dtype.is_floating_point and n.args[0].dtype.is_floating_point:
+                if self.faithful and n.dtype in _HALF:
+                    lines.append(f"{out} = {self.rounded(n, e)}")
+                    return out, tv
                 return e, tv
             lines.append(f"{out} = {e}.to({_TL[n.dtype if n.dtype not in _HALF else torch.float32]})")
             return out, tv
@@ -214,10 +219,16 @@ class _Emitter:
             lines.append(f"{out} = tl.where({c}, {a}, {b})")
             return out, tv
         if op in _UN:
-            lines.append(f"{out} = " + _UN[op].format(self.arg(n.args[0], tv, ctx)))
+            lines.append(f"{out} = " + self.rounded(n, _UN[op].format(self.arg(n.args[0], tv, ctx))))
+            return out, tv
+        if op == "div" and isinstance(n.args[1], LNode) and len(self.tvars(n.args[1])) < len(tv):
+            # divide once per element of the thinner operand, multiply per element of the tile
+            rcp = self.fresh("rcp")
+            lines.append(f"{rcp} = 1.0 / {self.arg(n.args[1], self.tvars(n.args[1]), ctx)}")
+            lines.append(f"{out} = " + self.rounded(n, f"({self.arg(n.args[0], tv, ctx)} * {self.bcast(rcp, self.tvars(n.args[1]), tv)})"))
             return out, tv
         if op in _BIN:
-            lines.append(f"{out} = " + _BIN[op].format(self.arg(n.args[0], tv, ctx), self.arg(n.args[1], tv, ctx)))
+            lines.append(f"{out} = " + self.rounded(n, _BIN[op].format(self.arg(n.args[0], tv, ctx), self.arg(n.args[1], tv, ctx))))
             return out, tv
         if op == "pow" and not isinstance(n.args[1], LNode) and float(n.args[1]) == 2.0:
             x = self.arg(n.args[0], tv, ctx)
@@ -226,6 +237,13 @@ class _Emitter:
         if op == "reduce":
             return self.tile_reduce(n, ctx, lines, out)
         raise ScheduleError(f"no Triton lowering for op '{op}'")
+
+    def rounded(self, n: LNode, expr: str) -> str:
+        """Round like eager where the node is half precision, in programs with float32 outputs computed
+        from half inputs: their 1e-4 contract is tighter than the rounding eager applies on the way."""
+        if self.faithful and n.dtype in _HALF:
+            return f"({expr}).to({_TL[n.dtype]}).to(tl.float32)"
+        return expr
 
     def tile_reduce(self, n: LNode, ctx, lines, out) -> tuple[str, list[Var]]:
         """A reduction over a variable held whole in the tile (no loop)."""
@@ -320,9 +338,10 @@ class _Body:
 
 
 def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: int = 128, block_loop: int = 64,
-                num_warps: int = 4, num_stages: int = 2) -> KernelSource:
-    """Triton source for schedule `s`. `outputs` maps a root to its program output (others are intermediates)."""
-    em = _Emitter(s, name, inputs, outputs, block_row, block_loop)
+                num_warps: int = 4, num_stages: int = 2, faithful: bool = False) -> KernelSource:
+    """Triton source for schedule `s`. `outputs` maps a root to its program output (others are intermediates).
+    `faithful` rounds half-precision values as eager does (see `_Emitter.rounded`)."""
+    em = _Emitter(s, name, inputs, outputs, block_row, block_loop, faithful)
     body: list[str] = []
     finals: dict[LNode, str] = em.finals
     final_cache: dict[int, tuple[str, list[Var]]] = {}
@@ -362,8 +381,9 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
     head = [f"def {name}({', '.join(b.name for b in em.buffers)}):"]
     prog = []
     if s.row is not None:
-        prog.append(f"o_{s.row} = tl.program_id(0) * {em.blk[s.row]} + tl.arange(0, {em.blk[s.row]})")
-        prog.append(f"r0 = tl.program_id(0) * {em.blk[s.row]}")
+        ntiles = -(-s.row.extent // em.blk[s.row])
+        prog.append(f"r0 = ({ntiles - 1} - tl.program_id(0)) * {em.blk[s.row]}")   # heaviest tiles first
+        prog.append(f"o_{s.row} = r0 + tl.arange(0, {em.blk[s.row]})")
     rest = "tl.program_id(1)"
     for v in reversed(s.batch):
         prog.append(f"i_{v} = {rest} % {v.extent}")
