@@ -125,6 +125,14 @@ class Facts:
                     out.append((r, 0.0))
                 elif op == "div" and side == 0 and _eq(v, 0):
                     out.append((r, 0.0))
-        if op == "add":
-            out += _both(fs[0], fs[1], lambda a, b: a + b if not (math.isinf(a) and math.isinf(b)) else None)
+        out += _both(fs[0], fs[1], lambda a, b: _fold(op, a, b))
         return out
+
+
+def _fold(op: str, a, b):
+    """Both operands known (e.g. -inf on a region divided by a positive constant): the exact result."""
+    try:
+        v = {"add": lambda: a + b, "sub": lambda: a - b, "mul": lambda: a * b, "div": lambda: a / b}[op]()
+    except (ZeroDivisionError, TypeError):
+        return None
+    return None if isinstance(v, float) and math.isnan(v) else v

@@ -37,7 +37,7 @@ def tolerance(dtype: torch.dtype) -> float:
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """norm(out - ref) / norm(ref) over the positions where `ref` is finite (NaN if `out` is not finite there)."""
+    """norm(out - ref) / norm(ref) over the positions where `ref` is finite (inf or NaN if `out` is not finite there)."""
     o, r = out.detach().cpu().double(), ref.detach().cpu().double()
     finite = torch.isfinite(r)
     diff = torch.linalg.vector_norm(o[finite] - r[finite]).item()
@@ -89,15 +89,11 @@ def _describe(x: Any) -> str:
 
 # ---- commands ------------------------------------------------------------------------------------
 
-def _setup(device: str) -> dict[str, Any]:
-    """Shapes and dtype for `device`: the paper's on CUDA, small ones the interpreter can run on CPU."""
-    if device == "cuda":
-        return dict(workloads.PAPER, device="cuda", dtype=torch.float16)
-    return dict(workloads.SMALL, device="cpu", dtype=torch.float32)
-
-
 def _workload(name: str, device: str) -> tuple[Callable, tuple]:
-    return workloads.make(name, **_setup(device))
+    """The paper's shapes in fp16 on CUDA; small float32 ones that the interpreter can run on CPU."""
+    if device == "cuda":
+        return workloads.make(name, device="cuda", dtype=torch.float16, **workloads.PAPER)
+    return workloads.make(name, device="cpu", dtype=torch.float32, **workloads.SMALL)
 
 
 def cmd_demo(args: argparse.Namespace, device: str) -> int:
