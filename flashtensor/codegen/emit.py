@@ -345,7 +345,7 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
     body: list[str] = []
     finals: dict[LNode, str] = em.finals
     final_cache: dict[int, tuple[str, list[Var]]] = {}
-    for p in range(s.passes):
+    for p in range(s.passes if s.loop is not None else 0):
         accs = [a for a in s.accums.values() if a.pass_ == p]
         running = {a.node: f"acc_{a.node.name}" for a in accs}
         for a in accs:

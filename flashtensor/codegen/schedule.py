@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
+import torch
+
 from ..analysis.facts import IDENTITY, Facts, negate
 from ..analysis.roles import Roles, kernel_nodes, reduction_deps, roles
 from ..ir.loops import Affine, LNode, Var
@@ -145,6 +147,12 @@ def build_schedule(plan: KernelPlan, loop_choice: Optional[Var] = None) -> Sched
 
 
 def _finish(plan, nodes, compute, boundary, batch, row, loop, whole, role) -> Schedule:
+    grid = set(batch) | {row}
+    for n in compute:
+        if n.op == "reduce" and n.attrs["var"] in grid:
+            raise ScheduleError(f"{n.name} reduces {n.attrs['var']}, which the grid splits across programs")
+    if any(n.dtype == torch.float64 for n in nodes):
+        raise ScheduleError("float64 has no fused lowering (tl.dot accumulates in float32)")
     for v in whole:
         if v.extent > MAX_WHOLE:
             raise ScheduleError(f"variable {v} of extent {v.extent} would have to be held whole in a tile")

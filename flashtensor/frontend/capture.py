@@ -9,6 +9,7 @@ example inputs' shapes and dtypes, which is why plans are keyed on them.
 from __future__ import annotations
 
 import operator
+import os
 import traceback
 from typing import Any, Callable, Sequence
 
@@ -37,10 +38,15 @@ class _SourceRecorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+_SKIP = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch,)) + (
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)
+
+
 def _user_frame() -> str:
+    """The innermost frame outside torch and the flashtensor package itself (workloads.py counts as user code)."""
     for fr in reversed(traceback.extract_stack()[:-2]):
-        f = fr.filename
-        if "/torch/" in f or "/flashtensor/" in f or f.startswith("<"):
+        f = os.path.abspath(fr.filename)
+        if (f.startswith(_SKIP) and not f.endswith("workloads.py")) or fr.filename.startswith("<"):
             continue
         return f"{f}:{fr.lineno}: {(fr.line or '').strip()}"
     return ""
