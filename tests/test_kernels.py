@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import flashtensor
 import flashtensor as ft
 from flashtensor import workloads as W
 from conftest import assert_close
@@ -133,3 +134,13 @@ def test_report_lists_kernels():
     assert {t.kind for t in k1.inputs} == {"input", "intermediate"}
     text = str(report)
     assert "skipped tiles:" in text and "rescaled by running max" in text
+
+
+def test_torch_compile_backend_matches_eager():
+    import flashtensor.backend  # noqa: F401  (the entry point needs the package installed; import is enough)
+    torch._dynamo.reset()
+    fn, args = W.make("h2o", device="cpu", dtype=torch.float32, S=64, H=2, D=32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = torch.compile(fn, backend=flashtensor.backend.flashtensor_backend)(*args)
+    assert_close(out, fn(*args))
