@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..ir.loops import LNode, Var
+from ..ir.loops import LNode, Var, loop_topo
 
 
 @dataclass
@@ -26,21 +26,7 @@ class Roles:
 
 def kernel_nodes(roots: list[LNode], boundary: set[LNode]) -> list[LNode]:
     """Nodes a kernel computes, producers first, stopping at values it loads from earlier kernels."""
-    order: list[LNode] = []
-    seen: set[int] = set()
-
-    def visit(n: LNode) -> None:
-        if id(n) in seen:
-            return
-        seen.add(id(n))
-        if n not in boundary:
-            for a in n.inputs:
-                visit(a)
-        order.append(n)
-
-    for r in roots:
-        visit(r)
-    return order
+    return loop_topo(roots, boundary)
 
 
 def roles(roots: list[LNode], nodes: list[LNode], boundary: set[LNode]) -> Roles:

@@ -107,6 +107,25 @@ class LoopGraph:
         return format_loops(self)
 
 
+def loop_topo(roots: Sequence[LNode], stop: set[LNode] | frozenset = frozenset()) -> list[LNode]:
+    """Nodes reachable from `roots`, producers first; nodes in `stop` are included but not entered."""
+    order: list[LNode] = []
+    seen: set[int] = set()
+
+    def visit(n: LNode) -> None:
+        if id(n) in seen:
+            return
+        seen.add(id(n))
+        if n not in stop:
+            for a in n.inputs:
+                visit(a)
+        order.append(n)
+
+    for r in roots:
+        visit(r)
+    return order
+
+
 def var_union(*groups: Sequence[Var]) -> tuple[Var, ...]:
     seen = {v.id: v for g in groups for v in g}
     return tuple(seen[k] for k in sorted(seen))

@@ -17,7 +17,7 @@ from typing import Sequence
 import torch
 
 from ..ir.graph import Graph, Node
-from ..ir.loops import Affine, LNode, LOutput, LoopGraph, Var, var_union
+from ..ir.loops import Affine, LNode, LOutput, LoopGraph, Var, loop_topo, var_union
 from ..ir.ops import BINARY, UNARY
 
 
@@ -372,25 +372,8 @@ def to_loops(g: Graph) -> tuple[LoopGraph, list[torch.Tensor]]:
         node = rb.rebuild(lv.node, {})
         dims = [low.s.axis_atoms(ax) for ax in lv.axes]
         outs.append(LOutput(node, dims, tuple(o.shape), o.dtype))
-    nodes = _topo([o.node for o in outs])
+    nodes = loop_topo([o.node for o in outs])
     for k, n in enumerate(nodes):
         n.name = f"t{k}"
     ins = [(tuple(i.shape), i.dtype) for i in g.inputs] + [(tuple(c.shape), c.dtype) for c in low.consts]
     return LoopGraph(ins, nodes, outs), low.consts
-
-
-def _topo(roots: list[LNode]) -> list[LNode]:
-    order: list[LNode] = []
-    seen: set[int] = set()
-
-    def visit(n: LNode) -> None:
-        if id(n) in seen:
-            return
-        seen.add(id(n))
-        for a in n.inputs:
-            visit(a)
-        order.append(n)
-
-    for r in roots:
-        visit(r)
-    return order
