@@ -22,6 +22,9 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from flashtensor import testing
+from flashtensor.testing import as_tuple
+
 from . import to_markdown
 from .to_markdown import LABELS
 
@@ -31,27 +34,13 @@ CUDA_ONLY = ("flex", "sdpa")
 FLEX = ("attn", "gemma2")  # the programs FlexAttention can express
 SDPA = ("attn",)
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
-TOL = {torch.float16: 2e-3, torch.bfloat16: 2e-3, torch.float32: 1e-4}  # DESIGN 6
 BOOL_TOL = 1e-3  # booleans may flip where eager's value sits within rounding of the threshold (DESIGN 6)
 
 
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """||out - ref|| / ||ref|| in float32 over finite entries; inf unless NaN/inf sit exactly where eager has them."""
-    o, r = out.detach().float(), ref.detach().float()
-    fin = torch.isfinite(r)
-    if not torch.equal(fin, torch.isfinite(o)) or not torch.equal(o[~fin].nan_to_num(), r[~fin].nan_to_num()):
-        return math.inf
-    diff, norm = (o[fin] - r[fin]).norm().item(), r[fin].norm().item()
-    return diff / norm if norm else diff
-
-
-def _as_tuple(x: Any) -> tuple:
-    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
-
-
 def compare(out: Any, ref: Any, first_only: bool = False) -> dict:
-    """Check outputs against eager's: rel err per float output, mismatch fraction per bool output."""
-    outs, refs = _as_tuple(out), _as_tuple(ref)
+    """Check outputs against eager's: rel err per float output (inf where NaN/inf positions differ),
+    mismatch fraction per bool output."""
+    outs, refs = as_tuple(out), as_tuple(ref)
     if first_only:
         outs, refs = outs[:1], refs[:1]
     if len(outs) != len(refs):
@@ -64,8 +53,9 @@ def compare(out: Any, ref: Any, first_only: bool = False) -> dict:
             mismatch.append((o != r).float().mean().item())
             ok = ok and mismatch[-1] <= BOOL_TOL
         else:
-            errs.append(rel_err(o, r))
-            ok = ok and errs[-1] <= TOL[r.dtype]
+            m = testing.compare(o, r)
+            errs.append(math.inf if math.isnan(m.error) else m.error)
+            ok = ok and m.ok
     return {"rel_err": errs, "bool_mismatch": mismatch, "ok": ok}
 
 

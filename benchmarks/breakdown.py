@@ -11,6 +11,7 @@ import triton.testing
 
 import flashtensor as ft
 from flashtensor import workloads as W
+from flashtensor.runtime.launch import run_kernels
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,8 +20,7 @@ def main(argv: list[str] | None = None) -> int:
         c = ft.compile(fn)
         c(*args)
         prog = next(iter(c.programs.values()))
-        from flashtensor.runtime.launch import run_kernels
-        bufs = run_kernels(prog.launches, list(args[i] for i in prog.tensor_positions) + prog.consts, [], args[0].device)
+        bufs = run_kernels(prog.launches, [args[i] for i in prog.tensor_positions] + prog.consts, args[0].device)
         for la in prog.launches:
             ms = triton.testing.do_bench(lambda: la(bufs), warmup=10, rep=50, return_mode="median")
             k = la.source

@@ -7,6 +7,7 @@ that piece, with the reason in `Program.notes` and a FallbackWarning.
 """
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
@@ -21,7 +22,7 @@ from .ir.graph import Graph, Node, topo_order
 from .ir.loops import LoopGraph
 from .partition.plan import KernelPlan, partition
 from .runtime.autotune import tune
-from .runtime.launch import Launch, run_kernels
+from .runtime.launch import Launch, input_buffers, run_kernels
 from .transform.decompose import decompose
 from .transform.loopform import LoweringError, to_loops
 
@@ -49,7 +50,7 @@ class Program:
         env: dict[Node, torch.Tensor] = {}
         if self.launches:
             device = tensors[0].device
-            bufs = run_kernels(self.launches, list(tensors) + [c.to(device) for c in self.consts], [], device)
+            bufs = run_kernels(self.launches, list(tensors) + [c.to(device) for c in self.consts], device)
             env = {n: bufs[o] for n, o in zip(self.fused.outputs, self.loops.outputs)}
         outs = evaluate(self.decomposed, tensors, env)
         return outs[0] if self.single_output else tuple(outs)
@@ -95,41 +96,47 @@ def fusable_part(g: Graph) -> Graph:
             outs += [a for a in n.inputs if a not in tainted and a.op != "input"]
     outs += [o for o in g.outputs if o not in tainted]
     outs = [o for o in dict.fromkeys(outs) if o.op not in ("input", "full", "iota", "const")]
-    nodes = topo_order(outs)
-    return Graph(g.inputs, outs, [n for n in g.nodes if n in set(nodes)])
+    keep = set(topo_order(outs))
+    return Graph(g.inputs, outs, [n for n in g.nodes if n in keep])
 
 
 def _plan(prog: Program, example: list[torch.Tensor]) -> None:
     fused = fusable_part(prog.decomposed)
     if not fused.outputs:
         return
+    device = example[0].device
     try:
         loops, consts = to_loops(fused)
-        plans = partition(loops, _accept)
-        schedules = [build_schedule(p) for p in plans]
-        largest = max(int(torch.Size(s).numel()) for s, _ in loops.inputs + [(o.shape, None) for o in loops.outputs])
+        schedules = [build_schedule(p) for p in partition(loops, _accept)]
+        _check_intermediates(loops, schedules)
         owner = {o.node: o for o in loops.outputs}
+        # fp16 only: bf16's coarser rounding at different points than eager's costs more than it buys
+        faithful = any(o.dtype == torch.float32 for o in loops.outputs) and \
+            any(dt == torch.float16 for _, dt in loops.inputs)
+        bufs = input_buffers(list(example) + [c.to(device) for c in consts])
+        launches = []
         for k, s in enumerate(schedules):
-            src = emit_kernel(s, f"ft_kernel{k}", loops.inputs, {r: owner[r] for r in s.plan.roots if r in owner})
-            for b in src.buffers:
-                if b.kind == "intermediate" and int(torch.Size(b.shape).numel()) > largest:
-                    raise ScheduleError(f"plan would pass a {list(b.shape)} intermediate between kernels")
+            roots = {r: owner[r] for r in s.plan.roots if r in owner}
+            la = tune(lambda cfg: emit_kernel(s, f"ft_kernel{k}", loops.inputs, roots, *cfg, faithful=faithful),
+                      bufs, device)
+            la(bufs)
+            launches.append(la)
     except (LoweringError, ScheduleError) as e:
         prog.notes.append(f"no fused plan: {e}; the program runs in eager PyTorch")
         return
-    prog.fused, prog.loops, prog.consts = fused, loops, consts
-    prog.schedules = schedules
-    device = example[0].device
-    bufs: dict = {("in", i): t.contiguous() for i, t in enumerate(list(example) + [c.to(device) for c in consts])}
-    # fp16 only: bf16's coarser rounding at different points than eager's costs more than it buys
-    faithful = any(o.dtype == torch.float32 for o in loops.outputs) and any(dt == torch.float16 for _, dt in loops.inputs)
-    for k, s in enumerate(schedules):
-        roots = {r: owner[r] for r in s.plan.roots if r in owner}
-        la = tune(lambda cfg: emit_kernel(s, f"ft_kernel{k}", loops.inputs, roots, *cfg, faithful=faithful),
-                  example, bufs, device)
-        la(bufs)
-        prog.launches.append(la)
-    prog.kernels = [la.source for la in prog.launches]
+    prog.fused, prog.loops, prog.consts, prog.schedules = fused, loops, consts, schedules
+    prog.launches = launches
+    prog.kernels = [la.source for la in launches]
+
+
+def _check_intermediates(loops: LoopGraph, schedules: list[Schedule]) -> None:
+    """No value larger than the program's own inputs and outputs may cross a kernel boundary (DESIGN 3.4)."""
+    largest = max(math.prod(shape) for shape, _ in loops.inputs + [(o.shape, None) for o in loops.outputs])
+    stored = {o.node for o in loops.outputs}
+    for s in schedules:
+        for r in s.plan.roots:
+            if r not in stored and math.prod(v.extent for v in r.vars) > largest:
+                raise ScheduleError(f"plan would pass a {[v.extent for v in r.vars]} intermediate between kernels")
 
 
 def _accept(plan: KernelPlan) -> Optional[str]:

@@ -3,7 +3,7 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton: kernels bind it when defined
 
-from flashtensor.cli.main import as_tuple, compare, rel_err  # noqa: E402,F401  (rel_err is re-exported for tests)
+from flashtensor.testing import as_tuple, compare, rel_err  # noqa: E402,F401  (rel_err is re-exported for tests)
 
 
 def assert_close(out, ref) -> None:

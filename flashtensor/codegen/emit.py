@@ -52,7 +52,8 @@ class Buffer:
     shape: tuple[int, ...]
     dtype: torch.dtype
     kind: str                  # input | output | intermediate
-    source: object = None      # program input index, LOutput, or LNode (intermediate)
+    source: object = None      # ("in", program input index), LOutput, or LNode (intermediate)
+    written: bool = False      # the kernel stores into it
 
 
 @dataclass
@@ -67,11 +68,9 @@ class KernelSource:
 
 
 class _Emitter:
-    def __init__(self, s: Schedule, name: str, inputs: list, outputs: dict, block_row: int, block_loop: int,
-                 faithful: bool) -> None:
-        self.s, self.name = s, name
+    def __init__(self, s: Schedule, inputs: list, block_row: int, block_loop: int, faithful: bool) -> None:
+        self.s = s
         self.inputs = inputs            # program input (shape, dtype) list
-        self.outputs = outputs          # root LNode -> LOutput (program outputs) ; others are intermediates
         self.blk: dict[Var, int] = {}
         if s.row is not None:
             self.blk[s.row] = min(block_row, _pow2(s.row.extent))
@@ -79,13 +78,13 @@ class _Emitter:
             self.blk[s.loop] = min(block_loop, _pow2(s.loop.extent))
         for v in s.whole:
             self.blk[v] = _pow2(v.extent)
-        self.buffers: list[Buffer] = []
-        self.buf_of: dict[object, str] = {}
+        self.bufs: dict[object, Buffer] = {}    # by source, in kernel-argument order
         self.pre: list[str] = []
         self.cache_pre: dict[int, tuple[str, list[Var]]] = {}
         self.raw: dict[int, str] = {}
         self.faithful = faithful
-        self.finals: dict[LNode, str] = {}
+        self.finals: dict[LNode, str] = {}      # loop reduction -> its value after its pass
+        self.deps: dict[int, bool] = {}
         self.tmp = 0
 
     # ---- naming and broadcasting --------------------------------------------------------
@@ -125,12 +124,17 @@ class _Emitter:
                  if self.partial(v) or (v is self.s.loop and loop_pred)]
         return " & ".join(conds) if conds else None
 
-    def buffer(self, key, shape, dtype, kind) -> str:
-        if key not in self.buf_of:
-            name = f"{kind[:3]}{len(self.buffers)}"
-            self.buffers.append(Buffer(name, tuple(shape), dtype, kind, key))
-            self.buf_of[key] = name
-        return self.buf_of[key]
+    def buffer(self, key, shape, dtype, kind, written: bool = False) -> str:
+        if key not in self.bufs:
+            self.bufs[key] = Buffer(f"{kind[:3]}{len(self.bufs)}", tuple(shape), dtype, kind, key)
+        self.bufs[key].written |= written
+        return self.bufs[key].name
+
+    def intermediate(self, n: LNode, written: bool) -> tuple[str, dict[Var, int]]:
+        """Buffer passing n between kernels: contiguous over n's variables, float math kept in float32."""
+        shape = [v.extent for v in n.vars]
+        dtype = torch.float32 if n.dtype.is_floating_point else n.dtype
+        return self.buffer(n, shape, dtype, "intermediate", written), dict(zip(n.vars, _contig(shape)))
 
     # ---- values ------------------------------------------------------------------------------
     def value(self, n: LNode, ctx: "_Body") -> tuple[str, list[Var]]:
@@ -141,10 +145,9 @@ class _Emitter:
         if hit is not None:
             return hit
         if n.op == "reduce" and n in self.s.accums:
-            acc = self.s.accums[n]
-            if ctx is not None and ctx.pass_ == acc.pass_:
+            if ctx is not None and ctx.pass_ == self.s.accums[n].pass_:
                 return ctx.running[n], self.tvars(n)
-            return ctx.final[n] if ctx else self.finals[n], self.tvars(n)
+            return self.finals[n], self.tvars(n)
         home = self.home(n)
         if home == "pre":
             lines, store = self.pre, self.cache_pre
@@ -164,11 +167,11 @@ class _Emitter:
         return "body"
 
     def deps_acc(self, n: LNode) -> bool:
-        memo = self.__dict__.setdefault("_deps", {})
-        if id(n) not in memo:
-            memo[id(n)] = n in self.s.accums or any(self.deps_acc(a) for a in n.inputs if a not in self.s.boundary) \
-                if n not in self.s.boundary else False
-        return memo[id(n)]
+        """Whether n reads a loop reduction of this kernel."""
+        if id(n) not in self.deps:
+            self.deps[id(n)] = n not in self.s.boundary and (
+                n in self.s.accums or any(self.deps_acc(a) for a in n.inputs))
+        return self.deps[id(n)]
 
     def arg(self, a, tv: list[Var], ctx) -> str:
         if not isinstance(a, LNode):
@@ -181,9 +184,8 @@ class _Emitter:
         out = self.fresh("x")
         op = n.op
         if n in self.s.boundary:
-            buf = self.buffer(n, [v.extent for v in n.vars], torch.float32 if n.dtype.is_floating_point else n.dtype, "intermediate")
-            strides = _contig([v.extent for v in n.vars])
-            off = " + ".join(f"{self.idx(v, tv)} * {st}" for v, st in zip(n.vars, strides)) or "0"
+            buf, strides = self.intermediate(n, written=False)
+            off = " + ".join(f"{self.idx(v, tv)} * {st}" for v, st in strides.items()) or "0"
             mask = self.range_mask(tv, True)
             lines.append(f"{out} = tl.load({buf} + {off}" + (f", mask={mask}, other=0)" if mask else ")"))
             return out, tv
@@ -191,7 +193,7 @@ class _Emitter:
             shape, dtype = self.inputs[n.attrs["input"]]
             buf = self.buffer(("in", n.attrs["input"]), shape, dtype, "input")
             strides = _contig(shape)
-            off = " + ".join(f"{self.affine(e, tv)} * {st}" for e, st in zip(n.attrs["index"], strides) if st or True) or "0"
+            off = " + ".join(f"{self.affine(e, tv)} * {st}" for e, st in zip(n.attrs["index"], strides)) or "0"
             mask = self.range_mask(tv, ctx is None or not ctx.unpredicated)
             lines.append(f"{out}_raw = tl.load({buf} + {off}" + (f", mask={mask}, other=0)" if mask else ")"))
             if dtype in _HALF:
@@ -208,10 +210,11 @@ class _Emitter:
         if op == "cast":
             e = self.arg(n.args[0], tv, ctx)
             if n.dtype.is_floating_point and n.args[0].dtype.is_floating_point:
-                if self.faithful and n.dtype in _HALF:
-                    lines.append(f"{out} = {self.rounded(n, e)}")
-                    return out, tv
-                return e, tv
+                r = self.rounded(n, e)
+                if r == e:
+                    return e, tv
+                lines.append(f"{out} = {r}")
+                return out, tv
             lines.append(f"{out} = {e}.to({_TL[n.dtype if n.dtype not in _HALF else torch.float32]})")
             return out, tv
         if op == "where":
@@ -308,6 +311,33 @@ class _Emitter:
         lines.append(f"{var} = tl.broadcast_to({expr}, ({shape}))")
         return var if canon == want else f"tl.trans({var})"
 
+    def store(self, r: LNode, out: Optional[LOutput], ctx: "_Body") -> None:
+        """Write root r to its program output, or to an intermediate buffer for later kernels."""
+        tv = self.tvars(r)
+        e, have = self.value(r, ctx)
+        e = self.bcast(e, have, tv)
+        if out is None:
+            buf, strides = self.intermediate(r, written=True)
+        else:
+            buf = self.buffer(out, out.shape, out.dtype, "output", written=True)
+            strides = {}
+            for d, st in zip(out.dims, _contig(out.shape)):
+                inner = st
+                for v in reversed(d):
+                    strides[v] = inner
+                    inner *= v.extent
+            if set(strides) != set(r.vars):
+                raise ScheduleError("an output is broadcast along a variable its value does not depend on")
+        dtype = self.bufs[r if out is None else out].dtype
+        off = " + ".join(f"{self.idx(v, tv)} * {strides[v]}" for v in r.vars) or "0"
+        mask = self.range_mask(tv, False)
+        val = e if tv or e.isidentifier() else f"tl.full([], {e}, tl.float32)"
+        val = f"{val}.to({_TL[dtype]})"
+        if tv:
+            shape = ", ".join(str(self.blk[v]) for v in tv)
+            val = f"tl.broadcast_to({val}, ({shape}))"
+        ctx.lines.append(f"tl.store({buf} + {off}, {val}" + (f", mask={mask})" if mask else ")"))
+
     def product(self, factors, tv: list[Var], ctx) -> str:
         num = [self.arg(f, tv, ctx) for f, p in factors if p > 0]
         den = [self.arg(f, tv, ctx) for f, p in factors if p < 0]
@@ -326,9 +356,9 @@ def _contig(shape) -> list[int]:
 class _Body:
     """Code and value cache of one loop body (or one post-pass block)."""
 
-    def __init__(self, pass_: int, unpredicated: bool, running: dict, final: dict, parent_cache: dict) -> None:
+    def __init__(self, pass_: int, unpredicated: bool, parent_cache: dict) -> None:
         self.pass_, self.unpredicated = pass_, unpredicated
-        self.running, self.final = running, final
+        self.running: dict[LNode, str] = {}     # this pass's running maxima, as this body sees them
         self.lines: list[str] = []
         self.cache: dict[int, tuple[str, list[Var]]] = {}
         self.parent = parent_cache
@@ -341,10 +371,10 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
                 num_warps: int = 4, num_stages: int = 2, faithful: bool = False) -> KernelSource:
     """Triton source for schedule `s`. `outputs` maps a root to its program output (others are intermediates).
     `faithful` rounds half-precision values as eager does (see `_Emitter.rounded`)."""
-    em = _Emitter(s, name, inputs, outputs, block_row, block_loop, faithful)
+    em = _Emitter(s, inputs, block_row, block_loop, faithful)
     body: list[str] = []
-    finals: dict[LNode, str] = em.finals
     final_cache: dict[int, tuple[str, list[Var]]] = {}
+    segments = _segments(em) if s.loop is not None else []
     for p in range(s.passes if s.loop is not None else 0):
         accs = [a for a in s.accums.values() if a.pass_ == p]
         running = {a.node: f"acc_{a.node.name}" for a in accs}
@@ -353,13 +383,13 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
             init = _lit(IDENTITY[a.kind]) if a.kind != "any" else "0"
             dt = "tl.int32" if a.kind == "any" else "tl.float32"
             body.append(f"acc_{a.node.name} = tl.full([{shape}], {init}, {dt})" if shape else f"acc_{a.node.name} = {init}")
-        for seg, (lo, hi, unpred) in enumerate(_segments(em)):
-            ctx = _Body(p, unpred, {}, finals, {**em.cache_pre, **final_cache})
+        for lo, hi, unpred in segments:
+            ctx = _Body(p, unpred, {**em.cache_pre, **final_cache})
             _loop_body(em, ctx, accs, running)
             body.append(f"for l0 in range({lo}, {hi}, {em.blk[s.loop]}):")
             body.append(f"    o_{s.loop} = l0 + tl.arange(0, {em.blk[s.loop]})")
             body += ["    " + ln for ln in ctx.lines]
-        post = _Body(p + 1, False, {}, finals, {**em.cache_pre, **final_cache})
+        post = _Body(p + 1, False, {**em.cache_pre, **final_cache})
         for a in accs:
             e = f"acc_{a.node.name}"
             if a.kind == "any":
@@ -368,20 +398,21 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
             for f, pw in a.pulled:
                 fe = em.arg(f, tv, post)
                 e = f"{e} * {fe}" if pw > 0 else f"{e} / {fe}"
-            finals[a.node] = f"red_{a.node.name}"
+            em.finals[a.node] = f"red_{a.node.name}"
             post.lines.append(f"red_{a.node.name} = {e}")
         body += post.lines
         final_cache.update(post.cache)
     if s.loop is None and s.accums:
         raise ScheduleError("reductions without a loop variable")
-    store_ctx = _Body(s.passes, False, {}, finals, {**em.cache_pre, **final_cache})
+    store_ctx = _Body(s.passes, False, {**em.cache_pre, **final_cache})
     for r in s.plan.roots:
         em.store(r, outputs.get(r), store_ctx)
     body += store_ctx.lines
-    head = [f"def {name}({', '.join(b.name for b in em.buffers)}):"]
+    buffers = list(em.bufs.values())
+    head = [f"def {name}({', '.join(b.name for b in buffers)}):"]
     prog = []
+    ntiles = -(-s.row.extent // em.blk[s.row]) if s.row is not None else 1
     if s.row is not None:
-        ntiles = -(-s.row.extent // em.blk[s.row])
         prog.append(f"r0 = ({ntiles - 1} - tl.program_id(0)) * {em.blk[s.row]}")   # heaviest tiles first
         prog.append(f"o_{s.row} = r0 + tl.arange(0, {em.blk[s.row]})")
     rest = "tl.program_id(1)"
@@ -392,12 +423,9 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
         prog.append(f"o_{v} = tl.arange(0, {em.blk[v]})")
     lines = head + ["    " + ln for ln in prog + em.pre + body]
     src = "import triton\nimport triton.language as tl\n\n\n@triton.jit\n" + "\n".join(lines) + "\n"
-    grid0 = -(-s.row.extent // em.blk[s.row]) if s.row is not None else 1
-    grid1 = 1
-    for v in s.batch:
-        grid1 *= v.extent
+    grid1 = math.prod(v.extent for v in s.batch)
     blocks = {str(v): em.blk[v] for v in em.blk}
-    return KernelSource(name, src, em.buffers, (grid0, grid1), num_warps, num_stages, blocks)
+    return KernelSource(name, src, buffers, (ntiles, grid1), num_warps, num_stages, blocks)
 
 
 def _segments(em: _Emitter) -> list[tuple[str, str, bool]]:
@@ -453,15 +481,12 @@ def _loop_body(em: _Emitter, ctx: _Body, accs: list[Accum], running: dict) -> No
             ctx.lines.append(f"{safe} = tl.where({new} == {_lit(IDENTITY[a.kind])}, 0.0, {new})")
             ctx.running[a.node] = safe
             news[a.node] = new
+            if any(a.node in b.rescale for b in accs):
+                ctx.lines.append(f"alpha_{a.node.name} = tl.exp({running[a.node]} - {safe})")
     for a in accs:
         acc = running[a.node]
         tv = em.tvars(a.node)
-        alpha = ""
-        for d in a.rescale:
-            old = running[d]
-            al = em.fresh("alpha")
-            ctx.lines.append(f"{al} = tl.exp({old} - {ctx.running[d]})")
-            alpha += f" * {em.bcast(al, em.tvars(d), tv)}"
+        alpha = "".join(f" * {em.bcast(f'alpha_{d.name}', em.tvars(d), tv)}" for d in a.rescale)
         if a.kind in ("max", "min"):
             continue
         if a.kind == "any":
@@ -487,37 +512,3 @@ def _loop_body(em: _Emitter, ctx: _Body, accs: list[Accum], running: dict) -> No
         ctx.lines.append(f"{acc} = {acc}{alpha} + tl.sum({e}, axis={xt.index(L)})")
     for d, new in news.items():
         ctx.lines.append(f"{running[d]} = {new}")
-
-
-def _store(self: _Emitter, r: LNode, out: Optional[LOutput], ctx: _Body) -> None:
-    tv = self.tvars(r)
-    e, have = self.value(r, ctx)
-    e = self.bcast(e, have, tv)
-    if out is None:
-        buf = self.buffer(r, [v.extent for v in r.vars], torch.float32 if r.dtype.is_floating_point else r.dtype, "intermediate")
-        strides = dict(zip(r.vars, _contig([v.extent for v in r.vars])))
-        dtype = torch.float32 if r.dtype.is_floating_point else r.dtype
-    else:
-        buf = self.buffer(out, out.shape, out.dtype, "output")
-        strides = {}
-        for d, st in zip(out.dims, _contig(out.shape)):
-            inner = st
-            for v in reversed(d):
-                strides[v] = inner
-                inner *= v.extent
-        dtype = out.dtype
-        if set(strides) != set(r.vars):
-            raise ScheduleError("an output is broadcast along a variable its value does not depend on")
-    off = " + ".join(f"{self.idx(v, tv)} * {strides[v]}" for v in r.vars) or "0"
-    mask = self.range_mask(tv, False)
-    val = e if tv or e.startswith("x") or e.startswith("red") else e
-    if not tv:
-        val = f"tl.full([], {e}, tl.float32)" if not e.isidentifier() else e
-    val = f"{val}.to({_TL[dtype]})"
-    if tv:
-        shape = ", ".join(str(self.blk[v]) for v in tv)
-        val = f"tl.broadcast_to({val}, ({shape}))"
-    ctx.lines.append(f"tl.store({buf} + {off}, {val}" + (f", mask={mask})" if mask else ")"))
-
-
-_Emitter.store = _store

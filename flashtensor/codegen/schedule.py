@@ -135,9 +135,9 @@ def build_schedule(plan: KernelPlan, loop_choice: Optional[Var] = None) -> Sched
     all_vars = {v for n in nodes for v in n.vars} | {n.attrs["var"] for n in compute if n.op == "reduce"}
     reduced = sorted({n.attrs["var"] for n in compute if n.op == "reduce"} - parallel, key=lambda v: (-v.extent, v.id))
     candidates = [loop_choice] if loop_choice else (reduced or [None])
+    batch = sorted((parallel & dot_batch) | (parallel - set(free)), key=lambda v: v.id)
     errors = []
     for loop in candidates:
-        batch = sorted((parallel & dot_batch) | (parallel - set(free)), key=lambda v: v.id)
         whole = sorted(all_vars - set(batch) - {row, loop}, key=lambda v: v.id)
         try:
             return _finish(plan, nodes, compute, boundary, batch, row, loop, whole, role)
@@ -213,7 +213,7 @@ def _carry(sched: Schedule, compute: list[LNode], boundary: set[LNode], loop: Va
             elif loop not in f.vars:
                 acc.pulled.append((f, p))
             elif (f.op == "exp" and isinstance(f.args[0], LNode) and f.args[0].op == "sub"
-                  and f.args[0].args[1] in red_set and sched.accums.get(f.args[0].args[1], Accum(r, "")).kind == "max"
+                  and f.args[0].args[1] in red_set and f.args[0].args[1].attrs["kind"] == "max"
                   and not _reaches(f.args[0].args[0], red_set, boundary, memo) and p == 1):
                 acc.kept.append((f, p))
                 acc.rescale.append(f.args[0].args[1])

@@ -234,12 +234,8 @@ def _full(value_of):
 
 def _like(value_of):
     def rule(b, a, kw, shape, dtype, src):
-        return b.add("full", (), shape, dtype, src, value=value_of(a), device=a[0].attrs.get("device", None) or _device_of(a[0]))
+        return b.add("full", (), shape, dtype, src, value=value_of(a), device=a[0].attrs.get("device", torch.device("cpu")))
     return rule
-
-
-def _device_of(n: Node):
-    return n.attrs.get("device", torch.device("cpu"))
 
 
 def _arange(b, a, kw, shape, dtype, src):
@@ -252,10 +248,6 @@ def _arange(b, a, kw, shape, dtype, src):
     if start != 0:
         r = b.add("add", (r, start), shape, dtype, src)
     return r
-
-
-def _sq(b, a, kw, shape, dtype, src):
-    return _reshape(b, a, kw, shape, dtype, src)
 
 
 _RULES: dict[Any, Callable] = {
@@ -303,7 +295,8 @@ _RULES: dict[Any, Callable] = {
     aten.t.default: lambda b, a, kw, s, d, src: b.add("permute", (a[0],), s, d, src, dims=list(range(len(s)))[::-1]),
     aten.permute.default: lambda b, a, kw, s, d, src: b.add("permute", (a[0],), s, d, src, dims=[x % len(s) for x in a[1]]),
     aten.view.default: _reshape, aten._unsafe_view.default: _reshape, aten.reshape.default: _reshape,
-    aten.unsqueeze.default: _sq, aten.squeeze.dim: _sq, aten.squeeze.dims: _sq, aten.squeeze.default: _sq,
+    aten.unsqueeze.default: _reshape, aten.squeeze.dim: _reshape, aten.squeeze.dims: _reshape,
+    aten.squeeze.default: _reshape,
     aten.expand.default: lambda b, a, kw, s, d, src: a[0] if tuple(a[0].shape) == s else b.add("expand", (a[0],), s, d, src),
     aten.select.int: lambda b, a, kw, s, d, src: b.add("select", (a[0],), s, d, src, dim=a[1] % len(a[0].shape), index=a[2] % a[0].shape[a[1]]),
     aten.slice.Tensor: lambda b, a, kw, s, d, src: _slice(b, a, s, d, src),

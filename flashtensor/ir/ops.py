@@ -32,10 +32,6 @@ BINARY: dict[str, Callable] = {
     "eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge,
     "logical_and": torch.logical_and, "logical_or": torch.logical_or,
 }
-COMPARE = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not"}
-REDUCE = ("sum", "max", "min", "any")
-LAYOUT = ("permute", "reshape", "expand", "select", "slice")
-SOURCE = ("input", "const", "full", "iota")
 # Composite ops that `transform.decompose` rewrites into the primitives above.
 COMPOSITE = ("softmax", "log_softmax", "mean", "norm", "clamp", "masked_fill", "triu", "tril",
              "addmm", "linear")

@@ -6,12 +6,12 @@ kernels before it produced. On the CPU (Triton's interpreter) the first config i
 from __future__ import annotations
 
 import os
-from typing import Callable, Sequence
+from typing import Callable
 
 import torch
 
 from ..codegen.emit import KernelSource
-from .launch import Launch, load_kernel
+from .launch import Launch, allocate, load_kernel
 
 # (row block, loop block, warps, stages): first is the default, the rest are tried on a GPU
 CONFIGS = [(128, 64, 4, 2), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3), (64, 128, 4, 3)]
@@ -21,8 +21,7 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def tune(variants: Callable[[tuple], KernelSource], inputs: Sequence[torch.Tensor], buffers: dict,
-         device: torch.device) -> Launch:
+def tune(variants: Callable[[tuple], KernelSource], buffers: dict, device: torch.device) -> Launch:
     """Best Launch among CONFIGS for one kernel; `buffers` holds inputs and earlier kernels' results
     and receives this kernel's outputs."""
     configs = CONFIGS[:1] if device.type != "cuda" or interpreting() else CONFIGS
@@ -34,9 +33,7 @@ def tune(variants: Callable[[tuple], KernelSource], inputs: Sequence[torch.Tenso
             continue
         seen.add(src.source)
         la = Launch(src, load_kernel(src))
-        for b in src.buffers:
-            if b.source not in buffers:
-                buffers[b.source] = torch.empty(b.shape, dtype=b.dtype, device=device)
+        allocate(src, buffers, device)
         if len(configs) == 1:
             return la
         try:

@@ -49,12 +49,22 @@ class Launch:
         self.fn[self.source.grid](*args, num_warps=self.source.num_warps, num_stages=self.source.num_stages)
 
 
-def run_kernels(launches: Sequence[Launch], inputs: Sequence[torch.Tensor], outputs: list, device) -> dict:
+def input_buffers(inputs: Sequence[torch.Tensor]) -> dict:
+    """Program inputs keyed as kernels name them (generated code assumes contiguous layouts)."""
+    return {("in", i): t.contiguous() for i, t in enumerate(inputs)}
+
+
+def allocate(source: KernelSource, buffers: dict, device) -> None:
+    """Create the outputs and intermediates `source` writes that `buffers` does not hold yet."""
+    for b in source.buffers:
+        if b.source not in buffers:
+            buffers[b.source] = torch.empty(b.shape, dtype=b.dtype, device=device)
+
+
+def run_kernels(launches: Sequence[Launch], inputs: Sequence[torch.Tensor], device) -> dict:
     """Allocate intermediates and outputs, launch every kernel; returns all buffers by key."""
-    buffers: dict = {("in", i): t.contiguous() for i, t in enumerate(inputs)}
+    buffers = input_buffers(inputs)
     for la in launches:
-        for b in la.source.buffers:
-            if b.source not in buffers:
-                buffers[b.source] = torch.empty(b.shape, dtype=b.dtype, device=device)
+        allocate(la.source, buffers, device)
         la(buffers)
     return buffers

@@ -48,7 +48,7 @@ class Report:
             ins, outs = [], []
             for b in k.buffers:
                 info = TensorInfo(b.name, b.shape, b.dtype, b.kind)
-                (outs if b.kind == "output" or (b.kind == "intermediate" and _stores(k, b)) else ins).append(info)
+                (outs if b.written else ins).append(info)
             self.kernels.append(KernelInfo(k.name, k.source, k.grid, ins, outs, k.num_warps, k.num_stages, k.blocks))
         for k, s in zip(program.kernels, program.schedules):
             carried = []
@@ -80,10 +80,6 @@ class Report:
         if p.notes:
             parts += ["", "== notes =="] + [f"- {n}" for n in p.notes]
         return "\n".join(parts)
-
-
-def _stores(k, b) -> bool:
-    return f"tl.store({b.name} " in k.source
 
 
 def explain(fn: Callable, *args: Any) -> Report:

@@ -37,9 +37,6 @@ class _Solver:
         self.parent: dict[Var, Var] = {}
         self.parts: dict[Var, list[Var]] = {}
 
-    def new(self, extent: int) -> Var:
-        return Var(extent)
-
     def find(self, v: Var) -> Var:
         while v in self.parent:
             v = self.parent[v]
