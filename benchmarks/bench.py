@@ -1,7 +1,7 @@
 """Benchmark flashtensor against its peers on one GPU in one run, checking every result against eager first.
 
     python -m benchmarks.bench [WORKLOADS...] [--shape paper|small] [--dtype fp16] \
-        [--peers eager,compile,max-autotune,flex,sdpa] [--json out.json] [--plot out.png] [--rep 200] [--no-ft]
+        [--peers eager,compile,max-autotune,flex,sdpa] [--json bench.json] [--plot bench.png] [--rep 200] [--no-ft]
 
 A system that raises (out of memory, unsupported program) is recorded with its error and the run goes on.
 Without a GPU only `--check-only` runs: the correctness checks under the Triton interpreter.
@@ -209,15 +209,16 @@ def run_workload(name: str, systems: list[str], make_kw: dict, rep: int | None, 
     return out
 
 
-def plot(results: dict, path: str) -> None:
-    """Bar chart of each system's speedup over eager per workload, log y-axis."""
+def plot(results: dict, path: str) -> bool:
+    """Bar chart of each system's speedup over eager per workload, log y-axis; False when matplotlib is missing."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("bench: matplotlib is not installed; no plot", file=sys.stderr)
-        return
+        print(f"bench: matplotlib is not installed, so no plot was written to {path} "
+              "(pip install matplotlib; the JSON and the table above have every number)", file=sys.stderr)
+        return False
     names = list(results["workloads"])
     systems = [s for s in results["systems"] if s != "eager"]
     width = 0.8 / max(len(systems), 1)
@@ -237,6 +238,7 @@ def plot(results: dict, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=150)
     plt.close(fig)
+    return True
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -247,8 +249,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--peers", default=DEFAULT_PEERS, help=f"comma-separated, from {','.join(PEERS)}")
     p.add_argument("--no-ft", action="store_true", help="leave flashtensor out")
     p.add_argument("--rep", type=int, default=200, help="do_bench rep, in ms")
-    p.add_argument("--json", help="write every measurement here")
-    p.add_argument("--plot", help="write a PNG bar chart of speedups over eager here")
+    p.add_argument("--json", default="bench.json", help="write every measurement here ('' for none; default %(default)s)")
+    p.add_argument("--plot", default="bench.png",
+                   help="write a PNG bar chart of speedups over eager here ('' for none; default %(default)s; needs matplotlib)")
     p.add_argument("--check-only", action="store_true", help="correctness checks only, no timing (works on CPU)")
     return p
 
@@ -310,8 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         if rep is None:
             print("bench: --check-only measures no times; no plot", file=sys.stderr)
-        else:
-            plot(results, args.plot)
+        elif plot(results, args.plot):
             print(f"bench: plot in {args.plot}")
     return 0
 

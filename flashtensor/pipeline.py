@@ -4,9 +4,16 @@ schedule -> Triton source -> executable Program.
 Each stage's output is kept on the Program so `explain` can show it and tests can
 evaluate it against eager. What a stage cannot handle falls back to eager PyTorch for
 that piece, with the reason in `Program.notes` and a FallbackWarning.
+
+Data flows one way: the search (loop form to tuned kernels) produces a plain-data plan
+entry, the on-disk cache (runtime/cache.py) stores it, and the Program launches from
+that entry whether it was just searched or read back by a later process. With
+FLASHTENSOR_DEBUG=1 every stage's IR and the search's decisions are logged.
 """
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -21,10 +28,14 @@ from .ir.evaluate import evaluate
 from .ir.graph import Graph, Node, topo_order
 from .ir.loops import LoopGraph
 from .partition.plan import KernelPlan, partition
+from .runtime import cache as plan_cache
 from .runtime.autotune import tune
-from .runtime.launch import Launch, input_buffers, run_kernels
+from .runtime.launch import Launch, input_buffers, load_kernel, run_kernels
 from .transform.decompose import decompose
 from .transform.loopform import LoweringError, to_loops
+
+
+log = logging.getLogger(__name__)
 
 
 class FallbackWarning(UserWarning):
@@ -38,12 +49,16 @@ class Program:
     tensor_positions: list[int]          # which call arguments are the graph's tensor inputs
     single_output: bool
     notes: list[str] = field(default_factory=list)
+    cached: bool = False                 # the plan was read from the on-disk cache, not searched
+    # stage outputs of the search; left empty when the plan came from the cache
     fused: Optional[Graph] = None        # the part of `decomposed` that runs as kernels
     loops: Optional[LoopGraph] = None
-    consts: list[torch.Tensor] = field(default_factory=list)
     schedules: list[Schedule] = field(default_factory=list)
+    # what running needs; buffers are keyed ("in", i), ("out", k), ("tmp", j)
+    consts: list[torch.Tensor] = field(default_factory=list)
     kernels: list[KernelSource] = field(default_factory=list)
     launches: list[Launch] = field(default_factory=list)
+    results: list[tuple[Node, tuple]] = field(default_factory=list)  # fused-graph output, its buffer key
 
     def run(self, args: Sequence[Any]) -> Any:
         tensors = [args[i] for i in self.tensor_positions]
@@ -51,13 +66,14 @@ class Program:
         if self.launches:
             device = tensors[0].device
             bufs = run_kernels(self.launches, list(tensors) + [c.to(device) for c in self.consts], device)
-            env = {n: bufs[o] for n, o in zip(self.fused.outputs, self.loops.outputs)}
+            env = {n: bufs[k] for n, k in self.results}
         outs = evaluate(self.decomposed, tensors, env)
         return outs[0] if self.single_output else tuple(outs)
 
 
 def build(fn: Callable, args: list[Any], **options: Any) -> Program:
-    """Capture `fn` on `args` and plan it. Non-tensor arguments are baked in as constants."""
+    """Capture `fn` on `args` and plan it. Non-tensor arguments are baked in as constants.
+    Options: kernels=False stops after decomposition; cache=False neither reads nor writes the plan cache."""
     positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
 
     def tensor_fn(*tensors):
@@ -72,12 +88,14 @@ def build(fn: Callable, args: list[Any], **options: Any) -> Program:
     single = isinstance(eager_out, torch.Tensor)
     captured = capture(tensor_fn, example)
     prog = Program(captured, decompose(captured), positions, single)
+    log.debug("captured graph:\n%s", prog.captured)
+    log.debug("decomposed graph:\n%s", prog.decomposed)
     for n in captured.nodes:
         if n.op == "opaque":
             prog.notes.append(f"no lowering for {n.attrs['fn']} at {n.source or 'unknown source'}; "
                               "it and what depends on it run in eager PyTorch")
     if options.get("kernels", True):
-        _plan(prog, example)
+        _plan(prog, example, args, options.get("cache", True) and plan_cache.enabled())
     for msg in prog.notes:
         warnings.warn(f"FlashTensor: {msg}", FallbackWarning, stacklevel=4)
     return prog
@@ -100,33 +118,77 @@ def fusable_part(g: Graph) -> Graph:
     return Graph(g.inputs, outs, [n for n in g.nodes if n in keep])
 
 
-def _plan(prog: Program, example: list[torch.Tensor]) -> None:
+def _plan(prog: Program, example: list[torch.Tensor], args: list[Any], use_cache: bool) -> None:
+    """Give `prog` its kernels: from the plan cache when it has them, else by searching (then cached)."""
     fused = fusable_part(prog.decomposed)
     if not fused.outputs:
         return
+    key = plan_cache.key(prog.decomposed, args) if use_cache else None
+    entry = plan_cache.load(key) if key else None
+    prog.cached = entry is not None
+    if entry is None:
+        entry = _search(prog, fused, example)
+        if key:
+            plan_cache.store(key, entry)
+    device = example[0].device
+    nodes = {n.name: n for n in prog.decomposed.nodes}
+    prog.notes += entry["notes"]
+    prog.consts = [c.to(device) for c in entry["consts"]]
+    prog.kernels = [plan_cache.decode_kernel(k) for k in entry["kernels"]]
+    prog.launches = [Launch(k, load_kernel(k)) for k in prog.kernels]
+    prog.results = [(nodes[name], k) for name, k in entry["results"]]
+
+
+def _search(prog: Program, fused: Graph, example: list[torch.Tensor]) -> dict:
+    """Loop form, partition, schedule, emission and tuning; keeps the stage outputs on `prog` and
+    returns the plan as a cache entry (plain data)."""
     device = example[0].device
     try:
         loops, consts = to_loops(fused)
-        schedules = [build_schedule(p) for p in partition(loops, _accept)]
+        log.debug("loop form:\n%s", loops)
+        plans = partition(loops, _accept)
+        schedules = [build_schedule(p) for p in plans]
+        if log.isEnabledFor(logging.DEBUG):
+            for k, (p, s) in enumerate(zip(plans, schedules)):
+                log.debug("kernel %d plan: stores %s, loads %s", k, p.roots, sorted(p.loads, key=lambda n: n.name))
+                log.debug("kernel %d schedule: batch %s, row %s, loop %s, whole %s, %d pass(es), %d dot(s), skip %s",
+                          k, s.batch, s.row, s.loop, s.whole, s.passes, len(s.dots), [str(h) for h in s.skip])
         _check_intermediates(loops, schedules)
         owner = {o.node: o for o in loops.outputs}
         # fp16 only: bf16's coarser rounding at different points than eager's costs more than it buys
         faithful = any(o.dtype == torch.float32 for o in loops.outputs) and \
             any(dt == torch.float16 for _, dt in loops.inputs)
         bufs = input_buffers(list(example) + [c.to(device) for c in consts])
-        launches = []
+        kernels = []
         for k, s in enumerate(schedules):
             roots = {r: owner[r] for r in s.plan.roots if r in owner}
             la = tune(lambda cfg: emit_kernel(s, f"ft_kernel{k}", loops.inputs, roots, *cfg, faithful=faithful),
                       bufs, device)
             la(bufs)
-            launches.append(la)
+            log.debug("kernel %d source:\n%s", k, la.source.source)
+            kernels.append(la.source)
     except (LoweringError, ScheduleError) as e:
-        prog.notes.append(f"no fused plan: {e}; the program runs in eager PyTorch")
-        return
-    prog.fused, prog.loops, prog.consts, prog.schedules = fused, loops, consts, schedules
-    prog.launches = launches
-    prog.kernels = [la.source for la in launches]
+        log.debug("no fused plan: %s", e)
+        return {"kernels": [], "consts": [], "results": [],
+                "notes": [f"no fused plan: {e}; the program runs in eager PyTorch"]}
+    prog.fused, prog.loops, prog.schedules = fused, loops, schedules
+    keys = _buffer_keys(loops)
+    kernels = [dataclasses.replace(k, buffers=[dataclasses.replace(b, source=keys(b.source)) for b in k.buffers])
+               for k in kernels]
+    return {"kernels": [plan_cache.encode_kernel(k) for k in kernels], "consts": [c.cpu() for c in consts],
+            "results": [(n.name, ("out", i)) for i, n in enumerate(fused.outputs)], "notes": []}
+
+
+def _buffer_keys(loops: LoopGraph) -> Callable[[Any], tuple]:
+    """Plain keys for the emitter's buffer sources: ("in", i) stays, the k-th loop output becomes ("out", k),
+    an intermediate node ("tmp", j) in order of first use."""
+    keys: dict[Any, tuple] = {o: ("out", i) for i, o in enumerate(loops.outputs)}
+
+    def of(source: Any) -> tuple:
+        if isinstance(source, tuple):
+            return source
+        return keys.setdefault(source, ("tmp", len(keys) - len(loops.outputs)))
+    return of
 
 
 def _check_intermediates(loops: LoopGraph, schedules: list[Schedule]) -> None:
@@ -140,8 +202,11 @@ def _check_intermediates(loops: LoopGraph, schedules: list[Schedule]) -> None:
 
 
 def _accept(plan: KernelPlan) -> Optional[str]:
+    """The partition search's test for a merge: can the merged kernel be scheduled?"""
     try:
         build_schedule(plan)
-        return None
     except ScheduleError as e:
+        log.debug("merge rejected (stores %s): %s", plan.roots, e)
         return str(e)
+    log.debug("merge accepted: stores %s", plan.roots)
+    return None

@@ -1,9 +1,18 @@
-"""Shared test setup: Triton's CPU interpreter, and the DESIGN section 6 comparison against eager."""
+"""Shared test setup: Triton's CPU interpreter, a plan cache per session, and the DESIGN section 6 comparison."""
 import os
+
+import pytest
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton: kernels bind it when defined
 
 from flashtensor.testing import as_tuple, compare, rel_err  # noqa: E402,F401  (rel_err is re-exported for tests)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_cache_dir(tmp_path_factory):
+    """Plans and kernel sources go to a fresh folder per session: no test reuses an earlier run's plans,
+    and the user's ~/.cache stays untouched. Subprocesses started by tests inherit it."""
+    os.environ["FLASHTENSOR_CACHE_DIR"] = str(tmp_path_factory.mktemp("flashtensor-cache"))
 
 
 def assert_close(out, ref) -> None:

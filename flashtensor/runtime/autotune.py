@@ -5,6 +5,7 @@ kernels before it produced. On the CPU (Triton's interpreter) the first config i
 """
 from __future__ import annotations
 
+import logging
 import os
 from typing import Callable
 
@@ -14,6 +15,8 @@ from ..codegen.emit import KernelSource
 from .launch import Launch, allocate, load_kernel
 
 # (row block, loop block, warps, stages): first is the default, the rest are tried on a GPU
+log = logging.getLogger(__name__)
+
 CONFIGS = [(128, 64, 4, 2), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3), (64, 128, 4, 3)]
 
 
@@ -30,19 +33,25 @@ def tune(variants: Callable[[tuple], KernelSource], buffers: dict, device: torch
     for cfg in configs:
         src = variants(cfg)
         if src.source in seen:
+            log.debug("autotune %s: config %s gives the same source as an earlier one, skipped", src.name, cfg)
             continue
         seen.add(src.source)
         la = Launch(src, load_kernel(src))
         allocate(src, buffers, device)
         if len(configs) == 1:
+            log.debug("autotune %s: one candidate on %s, config %s", src.name, device, cfg)
             return la
         try:
             import triton.testing
             ms = triton.testing.do_bench(lambda: la(buffers), warmup=5, rep=20, return_mode="median")
-        except Exception:  # a config the device cannot run (shared memory, registers): skip it
+        except Exception as e:  # a config the device cannot run (shared memory, registers): skip it
+            log.debug("autotune %s: config %s failed: %s: %s", src.name, cfg, type(e).__name__, e)
             continue
+        log.debug("autotune %s: config %s (blocks %s) %.4f ms", src.name, cfg, src.blocks, ms)
         if ms < best_ms:
             best, best_ms = la, ms
     if best is None:
         raise RuntimeError("no kernel configuration ran on this device")
+    log.debug("autotune %s: chose blocks %s, %d warps, %d stages (%.4f ms)", best.source.name, best.source.blocks,
+              best.source.num_warps, best.source.num_stages, best_ms)
     return best

@@ -5,24 +5,13 @@ import functools
 import threading
 from typing import Any, Callable, Sequence
 
-import torch
-
 from ..pipeline import Program, build
-
-
-def signature(args: Sequence[Any]) -> tuple:
-    """What a plan is specialised to: every tensor's shape, dtype, device and strides; every other value."""
-    sig = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            sig.append(("T", tuple(a.shape), a.dtype, str(a.device), tuple(a.stride())))
-        else:
-            sig.append(("V", repr(a)))
-    return tuple(sig)
+from .cache import signature
 
 
 class Compiled:
-    """Wraps `fn`; the first call for each signature captures and plans, later calls reuse that plan."""
+    """Wraps `fn`; the first call for each signature captures and plans (or loads the plan from the
+    on-disk cache), later calls reuse that plan."""
 
     def __init__(self, fn: Callable, **options: Any) -> None:
         self.fn = fn
@@ -45,5 +34,6 @@ class Compiled:
 
 
 def compile(fn: Callable, **options: Any) -> Compiled:
-    """Return a callable equivalent to `fn` that runs FlashTensor's fused kernels where it can."""
+    """Return a callable equivalent to `fn` that runs FlashTensor's fused kernels where it can.
+    `cache=False` keeps this callable off the on-disk plan cache (see runtime/cache.py)."""
     return Compiled(fn, **options)

@@ -83,6 +83,11 @@ class Report:
 
 
 def explain(fn: Callable, *args: Any) -> Report:
-    """Compile `fn` for `args` and describe the result (graphs, properties, plan, kernels)."""
-    c = fn if isinstance(fn, Compiled) else Compiled(fn)
-    return Report(c.program_for(args))
+    """Compile `fn` (a function or an `ft.compile` result) for `args` and describe the result (graphs,
+    properties, plan, kernels). It always plans from scratch and bypasses the plan cache (no read, no
+    write): a cached plan holds only what launching needs, not the loop form and schedules shown here."""
+    if isinstance(fn, Compiled):
+        fn = Compiled(fn.fn, **{**fn.options, "cache": False})
+    else:
+        fn = Compiled(fn, cache=False)
+    return Report(fn.program_for(args))
