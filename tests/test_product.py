@@ -291,6 +291,14 @@ def test_cli_bench_writes_json_by_default_and_shows_progress(tmp_path, monkeypat
     assert res["workloads"]["attn"]["flashtensor"]["ok"]
 
 
+def test_cli_bench_help_is_the_benchmarks_help(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["bench", "--help"])
+    assert exit_.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "--check-only" in text and "default bench.json" in text and "default bench.png" in text
+
+
 def test_bench_plot_without_matplotlib_says_so(tmp_path, monkeypatch, capsys):
     sys.path.insert(0, str(ROOT))
     from benchmarks import bench

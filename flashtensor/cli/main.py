@@ -133,7 +133,8 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("target", metavar="TARGET")
     e.set_defaults(run=cmd_explain)
 
-    b = sub.add_parser("bench", help="benchmark workloads against eager and peers (benchmarks/bench.py)")
+    # no -h of its own: `bench --help` shows benchmarks/bench.py's options, where they are defined
+    b = sub.add_parser("bench", add_help=False, help="benchmark workloads against eager and peers (benchmarks/bench.py)")
     b.add_argument("args", nargs=argparse.REMAINDER, metavar="WORKLOADS", help="workload names and options, passed to benchmarks/bench.py")
     b.set_defaults(run=cmd_bench)
     return p
@@ -151,6 +152,11 @@ def _use_interpreter_without_gpu() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args, extra = p.parse_known_args(argv)
+    if extra and args.command != "bench":
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command == "bench":  # options before the first workload name are not in the remainder
+        args.args = extra + args.args
     device = _use_interpreter_without_gpu()
     return args.run(args, device)
