@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from .analysis.facts import nan_absorbing_maxima
 from .codegen.emit import KernelSource, emit_kernel
 from .codegen.schedule import Schedule, ScheduleError, build_schedule
 from .frontend.capture import capture
@@ -29,9 +30,10 @@ from .ir.graph import Graph, Node, topo_order
 from .ir.loops import LoopGraph
 from .partition.plan import KernelPlan, partition
 from .runtime import cache as plan_cache
-from .runtime.autotune import tune
+from .runtime.autotune import interpreting, tune
 from .runtime.launch import Launch, input_buffers, load_kernel, run_kernels
 from .transform.decompose import decompose
+from .transform.exp2 import fold_exp2
 from .transform.loopform import LoweringError, to_loops
 
 
@@ -71,30 +73,46 @@ class Program:
         return outs[0] if self.single_output else tuple(outs)
 
 
+def _device(example: Sequence[torch.Tensor]) -> torch.device:
+    """The one device every tensor argument is on; a precise error instead of a failure inside a kernel."""
+    if not example:
+        raise TypeError("FlashTensor compiles functions of tensors: this call passes no tensor argument")
+    devices = {t.device for t in example}
+    if len(devices) > 1:
+        raise ValueError("FlashTensor: all tensor arguments must be on one device, got "
+                         + ", ".join(f"tensor argument {i} on {t.device}" for i, t in enumerate(example)))
+    return example[0].device
+
+
 def build(fn: Callable, args: list[Any], **options: Any) -> Program:
     """Capture `fn` on `args` and plan it. Non-tensor arguments are baked in as constants.
     Options: kernels=False stops after decomposition; cache=False neither reads nor writes the plan cache."""
     positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
 
+    returns_tensor = []
+
     def tensor_fn(*tensors):
         full = list(args)
         for i, t in zip(positions, tensors):
             full[i] = t
-        return fn(*full)
+        out = fn(*full)
+        returns_tensor.append(isinstance(out, torch.Tensor))
+        return out
 
     example = [args[i] for i in positions]
-    with torch.no_grad():
-        eager_out = fn(*args)
-    single = isinstance(eager_out, torch.Tensor)
-    captured = capture(tensor_fn, example)
-    prog = Program(captured, decompose(captured), positions, single)
+    device = _device(example)
+    captured = capture(tensor_fn, example)   # on fake tensors: planning never runs the program itself
+    prog = Program(captured, decompose(captured), positions, returns_tensor[-1])
     log.debug("captured graph:\n%s", prog.captured)
     log.debug("decomposed graph:\n%s", prog.decomposed)
     for n in captured.nodes:
         if n.op == "opaque":
             prog.notes.append(f"no lowering for {n.attrs['fn']} at {n.source or 'unknown source'}; "
                               "it and what depends on it run in eager PyTorch")
-    if options.get("kernels", True):
+    if options.get("kernels", True) and not (device.type == "cuda" or (device.type == "cpu" and interpreting())):
+        prog.notes.append(f"inputs on {device}: generated kernels run on CUDA devices (on the CPU only under "
+                          "TRITON_INTERPRET=1); the program runs in eager PyTorch")
+    elif options.get("kernels", True):
         _plan(prog, example, args, options.get("cache", True) and plan_cache.enabled())
     for msg in prog.notes:
         warnings.warn(f"FlashTensor: {msg}", FallbackWarning, stacklevel=4)
@@ -145,6 +163,10 @@ def _search(prog: Program, fused: Graph, example: list[torch.Tensor]) -> dict:
     device = example[0].device
     try:
         loops, consts = to_loops(fused)
+        # fp16 only: bf16's coarser rounding at different points than eager's costs more than it buys
+        faithful = any(o.dtype == torch.float32 for o in loops.outputs) and \
+            any(dt == torch.float16 for _, dt in loops.inputs)
+        loops = fold_exp2(loops, through_half=not faithful)
         log.debug("loop form:\n%s", loops)
         plans = partition(loops, _accept)
         schedules = [build_schedule(p) for p in plans]
@@ -155,14 +177,13 @@ def _search(prog: Program, fused: Graph, example: list[torch.Tensor]) -> dict:
                           k, s.batch, s.row, s.loop, s.whole, s.passes, len(s.dots), [str(h) for h in s.skip])
         _check_intermediates(loops, schedules)
         owner = {o.node: o for o in loops.outputs}
-        # fp16 only: bf16's coarser rounding at different points than eager's costs more than it buys
-        faithful = any(o.dtype == torch.float32 for o in loops.outputs) and \
-            any(dt == torch.float16 for _, dt in loops.inputs)
+        nan_free = frozenset(nan_absorbing_maxima(loops))
         bufs = input_buffers(list(example) + [c.to(device) for c in consts])
         kernels = []
         for k, s in enumerate(schedules):
             roots = {r: owner[r] for r in s.plan.roots if r in owner}
-            la = tune(lambda cfg: emit_kernel(s, f"ft_kernel{k}", loops.inputs, roots, *cfg, faithful=faithful),
+            la = tune(lambda cfg: emit_kernel(s, f"ft_kernel{k}", loops.inputs, roots, *cfg, faithful=faithful,
+                                              nan_free=nan_free),
                       bufs, device)
             la(bufs)
             log.debug("kernel %d source:\n%s", k, la.source.source)

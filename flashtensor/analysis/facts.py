@@ -4,11 +4,14 @@ A region is a conjunction of half-planes `expr >= 0` over index variables. For e
 loop node we find facts `(region, constant)`: a causal mask `where(j - i >= 1, -inf, 0)`
 is -inf on {j - i - 1 >= 0} and 0 on {i - j >= 0}. Facts flow through arithmetic
 (x + -inf = -inf, exp(-inf) = 0, 0 * x = 0, 0 / x = 0), assuming the unknown operand
-is finite; that is the assumption every fused attention kernel makes.
+is finite; that is the assumption every fused attention kernel makes. Where the facts
+themselves say the other operand is not finite (the row max of a fully masked row is
+-inf, so s - max is NaN there, not -inf) that region is cut out of the absorbed one.
 """
 from __future__ import annotations
 
 import math
+import operator
 from typing import Optional
 
 from ..ir.loops import Affine, LNode
@@ -17,6 +20,7 @@ Region = tuple[Affine, ...]      # conjunction of half-planes e >= 0
 Fact = tuple[Region, object]     # the node equals the constant on the region
 
 IDENTITY = {"sum": 0.0, "max": -math.inf, "min": math.inf, "any": False}
+_OPS = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv}
 
 
 def negate(h: Affine) -> Affine:
@@ -40,6 +44,29 @@ def _and(a: Region, b: Region) -> Region:
 
 def _eq(v, c) -> bool:
     return not isinstance(v, Affine) and v == c
+
+
+def _empty(region: Region) -> bool:
+    """Whether some half-plane of the region holds nowhere in its variables' index box (sufficient, not necessary)."""
+    return any(h.const + sum(c * (v.extent - 1) for v, c in h.terms if c > 0) < 0 for h in region)
+
+
+def _minus(region: Region, cut: Region) -> list[Region]:
+    """region without cut, as a union of conjunctions (one per negated half-plane of cut)."""
+    if _empty(cut) or _empty(region + cut):
+        return [region]
+    return [r for h in cut if not _empty(r := _and(region, (negate(h),)))]
+
+
+def _covering(region: Region, v) -> Region:
+    """The region of the other variables on which `region` holds for every value of v: each half-plane at its
+    worst v (a reduction over v of a value constant on `region` is that constant there)."""
+    out = []
+    for h in region:
+        c = h.coeff(v)
+        rest = Affine(tuple((w, k) for w, k in h.terms if w is not v), h.const)
+        out.append(rest if c >= 0 else rest + Affine((), c * (v.extent - 1)))
+    return tuple(out)
 
 
 class Facts:
@@ -103,6 +130,8 @@ class Facts:
             return [(r, not v) for r, v in fs[0]]
         if op == "cast":
             return fs[0]
+        if op == "reduce":
+            return self._reduce(n, fs[0])
         if op in ("exp", "exp2"):
             return [(r, 0.0 if v == -math.inf else (math.exp(v) if op == "exp" else 2.0 ** v)) for r, v in fs[0]]
         if op == "neg":
@@ -114,25 +143,89 @@ class Facts:
             return self._arith(op, args, fs)
         return []
 
+    def _reduce(self, n: LNode, fs: list[Fact]) -> list[Fact]:
+        """A value constant on a region that spans the whole reduced range reduces to a known constant."""
+        v, kind = n.attrs["var"], n.attrs["kind"]
+        out = []
+        for r, c in fs:
+            cover = _covering(r, v)
+            if _empty(cover) or isinstance(c, Affine):
+                continue
+            out.append((cover, c * v.extent if kind == "sum" else c))
+        return out
+
     def _arith(self, op: str, args, fs) -> list[Fact]:
-        """Absorbing constants: unknown (finite) operands do not matter."""
+        """Absorbing constants: unknown (finite) operands do not matter; known non-finite ones are cut out."""
         out: list[Fact] = []
         for side in (0, 1):
             for r, v in fs[side]:
                 if op in ("add", "sub") and isinstance(v, float) and math.isinf(v):
-                    out.append((r, v if (op == "add" or side == 0) else -v))
-                elif op == "mul" and _eq(v, 0):
-                    out.append((r, 0.0))
-                elif op == "div" and side == 0 and _eq(v, 0):
-                    out.append((r, 0.0))
+                    value = v if (op == "add" or side == 0) else -v
+                elif (op == "mul" or (op == "div" and side == 0)) and _eq(v, 0):
+                    value = 0.0
+                else:
+                    continue
+                out += [(reg, value) for reg in _defined(op, side, v, r, fs[1 - side])]
         out += _both(fs[0], fs[1], lambda a, b: _fold(op, a, b))
         return out
+
+
+def _defined(op: str, side: int, v, region: Region, other: list[Fact]) -> list[Region]:
+    """`region` minus where the other operand's facts make the result NaN (inf - inf, 0 * inf, 0 / 0)."""
+    regions = [region]
+    for r2, w in other:
+        a, b = (v, w) if side == 0 else (w, v)
+        if _nan(op, a, b):
+            regions = [x for reg in regions for x in _minus(reg, r2)]
+    return regions
+
+
+def _nan(op: str, a, b) -> bool:
+    try:
+        v = _OPS[op](a, b)
+    except ZeroDivisionError:
+        return a == 0
+    except TypeError:
+        return False
+    return isinstance(v, float) and math.isnan(v)
 
 
 def _fold(op: str, a, b):
     """Both operands known (e.g. -inf on a region divided by a positive constant): the exact result."""
     try:
-        v = {"add": lambda: a + b, "sub": lambda: a - b, "mul": lambda: a * b, "div": lambda: a / b}[op]()
+        v = _OPS[op](a, b)
     except (ZeroDivisionError, TypeError):
         return None
     return None if isinstance(v, float) and math.isnan(v) else v
+
+
+def nan_absorbing_maxima(g) -> set[LNode]:
+    """Max/min reductions that may skip NaN operands (the GPU's fast max does) without changing any result.
+
+    A softmax stabiliser d = max_v y is read only as exp(y - d), and that only by sums over v of it or
+    by its division by such a sum. A NaN anywhere in y then reaches every one of those results through
+    the exp term itself, whatever d is, so propagating it through d as well adds nothing."""
+    users: dict[int, list[LNode]] = {}
+    for n in g.nodes:
+        for a in n.inputs:
+            users.setdefault(id(a), []).append(n)
+    outs = {id(o.node) for o in g.outputs}
+
+    def normalised(w: LNode, e: LNode, v) -> bool:
+        def total(x) -> bool:
+            return isinstance(x, LNode) and x.op == "reduce" and x.attrs["kind"] == "sum" \
+                and x.attrs["var"] is v and x.args[0] is e
+        return total(w) or (w.op == "div" and w.args[0] is e and total(w.args[1]))
+
+    found = set()
+    for d in g.nodes:
+        if d.op != "reduce" or d.attrs["kind"] not in ("max", "min") or id(d) in outs or not users.get(id(d)):
+            continue
+        y, v = d.args[0], d.attrs["var"]
+        subs = users[id(d)]
+        exps = [e for u in subs for e in users.get(id(u), [])]
+        if all(u.op == "sub" and u.args[0] is y and u.args[1] is d and id(u) not in outs for u in subs) and \
+                exps and all(e.op in ("exp", "exp2") and id(e) not in outs and users.get(id(e)) and
+                             all(normalised(w, e, v) for w in users[id(e)]) for e in exps):
+            found.add(d)
+    return found

@@ -20,13 +20,27 @@ from .schedule import Accum, Schedule, ScheduleError
 _TL = {torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.float32: "tl.float32",
        torch.float64: "tl.float64", torch.int64: "tl.int64", torch.int32: "tl.int32", torch.bool: "tl.int1"}
 _HALF = (torch.float16, torch.bfloat16)
+_LOG2E = 1.0 / math.log(2.0)
 _BIN = {"add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "div": "({} / {})",
         "eq": "({} == {})", "ne": "({} != {})", "lt": "({} < {})", "le": "({} <= {})", "gt": "({} > {})",
         "ge": "({} >= {})", "logical_and": "({} & {})", "logical_or": "({} | {})",
-        "maximum": "tl.maximum({}, {})", "minimum": "tl.minimum({}, {})"}
+        "maximum": "tl.maximum({}, {}, propagate_nan=tl.PropagateNan.ALL)",
+        "minimum": "tl.minimum({}, {}, propagate_nan=tl.PropagateNan.ALL)"}
+# tl.max/tl.min drop NaNs (maxnum); torch's amax/amin/maximum propagate them, so kernels reduce with these
+_NAN_REDUCE = {"max": "_max_nan", "min": "_min_nan"}
+_HELPERS = """
+@triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _min_nan(a, b):
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+"""
 _UN = {"exp": "tl.exp({})", "log": "tl.log({})", "abs": "tl.abs({})", "sqrt": "tl.sqrt({})", "rsqrt": "tl.rsqrt({})",
        "exp2": "tl.exp2({})", "log2": "tl.log2({})", "neg": "(-{})", "reciprocal": "(1.0 / {})",
-       "sigmoid": "(1.0 / (1.0 + tl.exp(-{})))", "tanh": "(1.0 - 2.0 / (tl.exp(2.0 * {}) + 1.0))",
+       "sigmoid": f"(1.0 / (1.0 + tl.exp2({-_LOG2E!r} * {{}})))", "tanh": f"(1.0 - 2.0 / (tl.exp2({2 * _LOG2E!r} * {{}}) + 1.0))",
        "logical_not": "({} == 0)"}
 
 
@@ -56,6 +70,9 @@ class Buffer:
     written: bool = False      # the kernel stores into it
 
 
+FINITE = ("finite",)   # buffer key of the device flag: finite when every floating input is finite
+
+
 @dataclass
 class KernelSource:
     name: str
@@ -65,11 +82,14 @@ class KernelSource:
     num_warps: int
     num_stages: int
     blocks: dict[str, int] = field(default_factory=dict)
+    assumes_finite: bool = False   # it skips tiles by value facts that hold for finite inputs: reads the FINITE flag
 
 
 class _Emitter:
-    def __init__(self, s: Schedule, inputs: list, block_row: int, block_loop: int, faithful: bool) -> None:
+    def __init__(self, s: Schedule, inputs: list, block_row: int, block_loop: int, faithful: bool,
+                 nan_free: frozenset) -> None:
         self.s = s
+        self.nan_free = nan_free        # max/min reductions that may use the fast, NaN-skipping max
         self.inputs = inputs            # program input (shape, dtype) list
         self.blk: dict[Var, int] = {}
         if s.row is not None:
@@ -231,7 +251,15 @@ class _Emitter:
             lines.append(f"{out} = " + self.rounded(n, f"({self.arg(n.args[0], tv, ctx)} * {self.bcast(rcp, self.tvars(n.args[1]), tv)})"))
             return out, tv
         if op in _BIN:
-            lines.append(f"{out} = " + self.rounded(n, _BIN[op].format(self.arg(n.args[0], tv, ctx), self.arg(n.args[1], tv, ctx))))
+            a, b = self.arg(n.args[0], tv, ctx), self.arg(n.args[1], tv, ctx)
+            kept = _identity_operand(op, a, b)
+            if kept is not None:    # x + 0, x - 0, x * 1, x / 1: no instruction, and exact
+                src = n.args[kept]
+                exact = isinstance(src, LNode) and src.dtype == n.dtype
+                lines.append(f"{out} = " + ((a, b)[kept] if exact else self.rounded(n, (a, b)[kept])))
+                return out, tv
+            expr = _BIN[op].format(a, b)
+            lines.append(f"{out} = " + (expr if _exact_sum(n) else self.rounded(n, expr)))
             return out, tv
         if op == "pow" and not isinstance(n.args[1], LNode) and float(n.args[1]) == 2.0:
             x = self.arg(n.args[0], tv, ctx)
@@ -261,10 +289,14 @@ class _Emitter:
         e = self.arg(x, xt, ctx)
         if self.blk[v] != v.extent:
             e = f"tl.where({self.idx(v, xt)} < {v.extent}, {e}, {_lit(IDENTITY[kind]) if kind != 'any' else '0'})"
-        fn = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min", "any": "tl.max"}[kind]
         if kind == "any":
-            e = f"({e} != 0).to(tl.int32)"
-        lines.append(f"{out} = {fn}({e}, axis={xt.index(v)})" + (" != 0" if kind == "any" else ""))
+            lines.append(f"{out} = tl.max(({e} != 0).to(tl.int32), axis={xt.index(v)}) != 0")
+        elif kind == "sum":
+            lines.append(f"{out} = tl.sum({e}, axis={xt.index(v)})")
+        else:
+            red = f"tl.{kind}({e}, axis={xt.index(v)})" if n in self.nan_free else \
+                f"tl.reduce({e}, {xt.index(v)}, {_NAN_REDUCE[kind]})"
+            lines.append(f"{out} = {red}")
         return out, tv
 
     def dot_prec(self, factors) -> str:
@@ -299,7 +331,7 @@ class _Emitter:
         else:
             expr = None
         if expr is None:
-            expr = self.product(factors, canon, ctx)
+            expr = self.product(factors, canon, ctx, lines)
             if mask_loop or (self.blk[k] != k.extent and k is not self.s.loop):
                 expr = f"tl.where({self.idx(k, canon)} < {k.extent}, {expr}, 0.0)"
             if prec:
@@ -338,11 +370,49 @@ class _Emitter:
             val = f"tl.broadcast_to({val}, ({shape}))"
         ctx.lines.append(f"tl.store({buf} + {off}, {val}" + (f", mask={mask})" if mask else ")"))
 
-    def product(self, factors, tv: list[Var], ctx) -> str:
+    def product(self, factors, tv: list[Var], ctx, lines: list[str]) -> str:
+        """Product of factors over tile tv. A divisor over fewer variables than the tile is inverted once
+        per element of its own tile and multiplied in: a division per tile element costs far more."""
         num = [self.arg(f, tv, ctx) for f, p in factors if p > 0]
-        den = [self.arg(f, tv, ctx) for f, p in factors if p < 0]
+        den = []
+        for f, p in factors:
+            if p > 0:
+                continue
+            have = self.tvars(f) if isinstance(f, LNode) else []
+            if len(have) < len(tv):
+                rcp = self.fresh("rcp")
+                lines.append(f"{rcp} = 1.0 / {self.arg(f, have, ctx)}")
+                num.append(self.bcast(rcp, have, tv))
+            else:
+                den.append(self.arg(f, tv, ctx))
         e = " * ".join(num) if num else "1.0"
         return e + "".join(f" / {d}" for d in den)
+
+
+def _identity_operand(op: str, a: str, b: str) -> Optional[int]:
+    """Which operand is the result when the other is the operation's identity literal."""
+    if op in ("add", "sub", "mul", "div") and b == ("0.0" if op in ("add", "sub") else "1.0"):
+        return 0
+    if op in ("add", "mul") and a == ("0.0" if op == "add" else "1.0"):
+        return 1
+    return None
+
+
+def _zero_or_inf(x) -> bool:
+    """x is 0 or +-inf wherever it is defined (a literal, or a select between such literals)."""
+    if isinstance(x, LNode):
+        if x.op == "scalar":
+            return _zero_or_inf(x.attrs["value"])
+        return x.op == "where" and all(_zero_or_inf(y) for y in x.args[1:])
+    return isinstance(x, (int, float)) and (x == 0 or math.isinf(x))
+
+
+def _exact_sum(n: LNode) -> bool:
+    """A half-precision add/sub of a half value and 0 or +-inf (an additive mask) is exact: no rounding."""
+    if n.op not in ("add", "sub"):
+        return False
+    a, b = n.args
+    return any(_zero_or_inf(m) and isinstance(x, LNode) and x.dtype == n.dtype for x, m in ((a, b), (b, a)))
 
 
 def _contig(shape) -> list[int]:
@@ -368,10 +438,12 @@ class _Body:
 
 
 def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: int = 128, block_loop: int = 64,
-                num_warps: int = 4, num_stages: int = 2, faithful: bool = False) -> KernelSource:
+                num_warps: int = 4, num_stages: int = 2, faithful: bool = False,
+                nan_free: frozenset = frozenset()) -> KernelSource:
     """Triton source for schedule `s`. `outputs` maps a root to its program output (others are intermediates).
-    `faithful` rounds half-precision values as eager does (see `_Emitter.rounded`)."""
-    em = _Emitter(s, inputs, block_row, block_loop, faithful)
+    `faithful` rounds half-precision values as eager does (see `_Emitter.rounded`); reductions in `nan_free`
+    use the fast max that skips NaN (analysis.facts.nan_absorbing_maxima says where that is exact)."""
+    em = _Emitter(s, inputs, block_row, block_loop, faithful, nan_free)
     body: list[str] = []
     final_cache: dict[int, tuple[str, list[Var]]] = {}
     segments = _segments(em) if s.loop is not None else []
@@ -422,10 +494,10 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
     for v in s.whole:
         prog.append(f"o_{v} = tl.arange(0, {em.blk[v]})")
     lines = head + ["    " + ln for ln in prog + em.pre + body]
-    src = "import triton\nimport triton.language as tl\n\n\n@triton.jit\n" + "\n".join(lines) + "\n"
+    src = "import triton\nimport triton.language as tl\n\n" + _HELPERS + "\n\n@triton.jit\n" + "\n".join(lines) + "\n"
     grid1 = math.prod(v.extent for v in s.batch)
     blocks = {str(v): em.blk[v] for v in em.blk}
-    return KernelSource(name, src, buffers, (ntiles, grid1), num_warps, num_stages, blocks)
+    return KernelSource(name, src, buffers, (ntiles, grid1), num_warps, num_stages, blocks, bool(s.skip))
 
 
 def _segments(em: _Emitter) -> list[tuple[str, str, bool]]:
@@ -450,8 +522,17 @@ def _segments(em: _Emitter) -> list[tuple[str, str, bool]]:
             d = -cl
             lo.append(f"(tl.maximum({kmin} + {d}, 0) // {d}) // {bl} * {bl}")
             ulo.append(f"((tl.maximum({kmax} + {d}, 0) // {d}) + {bl - 1}) // {bl} * {bl}")
-    em.pre.append(f"lo = {_fold('tl.maximum', lo)}")
-    em.pre.append(f"hi = {_fold('tl.minimum', hi)}")
+    if s.skip:
+        # skipping relies on finite inputs (x + -inf = -inf); the runtime passes a device flag, and with a
+        # non-finite input every tile is computed, predicated, as eager computes it (no host sync either way)
+        flag = em.buffer(FINITE, (1,), torch.float32, "input")
+        em.pre.append(f"tot = tl.load({flag})")
+        em.pre.append("fin = ((tot - tot) == 0).to(tl.int32)")     # 0 when the inputs' total is NaN or inf
+        em.pre.append(f"lo = {_fold('tl.maximum', lo)} * fin")
+        em.pre.append(f"hi = {L.extent} - ({L.extent} - {_fold('tl.minimum', hi)}) * fin")
+    else:
+        em.pre.append("lo = 0")
+        em.pre.append(f"hi = {L.extent}")
     em.pre.append(f"ua = tl.minimum(tl.maximum({_fold('tl.maximum', ulo)}, lo), hi)")
     em.pre.append(f"ub = tl.maximum(ua, {_fold('tl.minimum', uhi)})")
     return [("lo", "ua", False), ("ua", "ub", True), ("ub", "hi", False)]
@@ -476,17 +557,21 @@ def _loop_body(em: _Emitter, ctx: _Body, accs: list[Accum], running: dict) -> No
                 e = f"tl.where({em.idx(L, xt)} < {L.extent}, {e}, {_lit(IDENTITY[a.kind])})"
             fn = "max" if a.kind == "max" else "min"
             new = f"new_{a.node.name}"
-            ctx.lines.append(f"{new} = tl.{fn}imum({running[a.node]}, tl.{fn}({e}, axis={xt.index(L)}))")
+            if a.node in em.nan_free:
+                ctx.lines.append(f"{new} = tl.{fn}imum({running[a.node]}, tl.{fn}({e}, axis={xt.index(L)}))")
+            else:
+                ctx.lines.append(f"{new} = tl.{fn}imum({running[a.node]}, tl.reduce({e}, {xt.index(L)}, "
+                                 f"{_NAN_REDUCE[a.kind]}), propagate_nan=tl.PropagateNan.ALL)")
             safe = f"safe_{a.node.name}"
             ctx.lines.append(f"{safe} = tl.where({new} == {_lit(IDENTITY[a.kind])}, 0.0, {new})")
             ctx.running[a.node] = safe
             news[a.node] = new
-            if any(a.node in b.rescale for b in accs):
-                ctx.lines.append(f"alpha_{a.node.name} = tl.exp({running[a.node]} - {safe})")
+            for base in sorted({b for acc in accs for d, b in acc.rescale if d is a.node}):
+                ctx.lines.append(f"alpha_{base}_{a.node.name} = tl.{base}({running[a.node]} - {safe})")
     for a in accs:
         acc = running[a.node]
         tv = em.tvars(a.node)
-        alpha = "".join(f" * {em.bcast(f'alpha_{d.name}', em.tvars(d), tv)}" for d in a.rescale)
+        alpha = "".join(f" * {em.bcast(f'alpha_{b}_{d.name}', em.tvars(d), tv)}" for d, b in a.rescale)
         if a.kind in ("max", "min"):
             continue
         if a.kind == "any":
@@ -506,7 +591,7 @@ def _loop_body(em: _Emitter, ctx: _Body, accs: list[Accum], running: dict) -> No
         xt = [v for v in s.order if any(isinstance(f, LNode) and v in f.vars for f, _ in a.kept)]
         if L not in xt:
             raise ScheduleError(f"{a.node.name}: summand does not vary along the loop")
-        e = em.product(a.kept, xt, ctx)
+        e = em.product(a.kept, xt, ctx, ctx.lines)
         if pred:
             e = f"tl.where({em.idx(L, xt)} < {L.extent}, {e}, 0.0)"
         ctx.lines.append(f"{acc} = {acc}{alpha} + tl.sum({e}, axis={xt.index(L)})")

@@ -3,7 +3,7 @@ and how the loop's reductions are carried (DESIGN 3.2, 3.3, 3.5).
 
 A reduction over the loop variable that reads another one is carried online when a rule
 applies: a factor that does not vary along the loop moves out of the sum, and a factor
-exp(y - d) on a running max d is corrected by exp(d_old - d_new) whenever d moves.
+exp(y - d) (or exp2) on a running max d is corrected by exp(d_old - d_new) whenever d moves.
 Otherwise it waits for a later pass over the loop. Tiles where every reduction of a pass
 provably adds its identity are skipped; tiles wholly inside the live region drop the
 predicate.
@@ -35,7 +35,7 @@ class Accum:
     pass_: int = 0
     kept: list[Factor] = field(default_factory=list)      # summand factors computed in the loop
     pulled: list[Factor] = field(default_factory=list)    # loop-invariant factors applied after the loop
-    rescale: list[LNode] = field(default_factory=list)    # running maxima inside exp(. - d) factors
+    rescale: list[tuple[LNode, str]] = field(default_factory=list)  # (running max d, "exp" or "exp2") of exp(. - d) factors
 
 
 @dataclass
@@ -212,11 +212,11 @@ def _carry(sched: Schedule, compute: list[LNode], boundary: set[LNode], loop: Va
                 acc.kept.append((f, p))
             elif loop not in f.vars:
                 acc.pulled.append((f, p))
-            elif (f.op == "exp" and isinstance(f.args[0], LNode) and f.args[0].op == "sub"
+            elif (f.op in ("exp", "exp2") and isinstance(f.args[0], LNode) and f.args[0].op == "sub"
                   and f.args[0].args[1] in red_set and f.args[0].args[1].attrs["kind"] == "max"
                   and not _reaches(f.args[0].args[0], red_set, boundary, memo) and p == 1):
                 acc.kept.append((f, p))
-                acc.rescale.append(f.args[0].args[1])
+                acc.rescale.append((f.args[0].args[1], f.op))
             else:
                 acc.kept.append((f, p))
                 later[r] |= touched
@@ -232,7 +232,7 @@ def _carry(sched: Schedule, compute: list[LNode], boundary: set[LNode], loop: Va
         for d in deps[r]:
             p = max(p, sched.accums[d].pass_ + (1 if d in later[r] else 0))
         acc.pass_ = p
-        acc.rescale = [d for d in acc.rescale if sched.accums[d].pass_ == p]
+        acc.rescale = [(d, base) for d, base in acc.rescale if sched.accums[d].pass_ == p]
     sched.passes = 1 + max((a.pass_ for a in sched.accums.values()), default=0)
     if sched.passes > 1 and len({a.pass_ for a in sched.accums.values()}) != sched.passes:
         raise ScheduleError("empty pass")

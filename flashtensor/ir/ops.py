@@ -6,6 +6,7 @@ definition of what every op means.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -45,6 +46,8 @@ def _reduce(n, x):
         return torch.sum(x, dim=dims, keepdim=keep, dtype=n.dtype)
     if kind == "any":
         return torch.any(x, dim=dims, keepdim=keep) if len(dims) == 1 else torch.amax(x.to(torch.uint8), dims, keep).bool()
+    if any(x.shape[d] == 0 for d in dims):   # decomposed softmax over no elements: eager's softmax gives empty, amax raises
+        return torch.full(n.shape, -math.inf if kind == "max" else math.inf, dtype=x.dtype, device=x.device)
     f = torch.amax if kind == "max" else torch.amin
     return f(x, dims, keep)
 

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from ..codegen.emit import KernelSource
+from ..codegen.emit import FINITE, KernelSource
 
 
 def cache_dir() -> Path:
@@ -55,10 +55,23 @@ def input_buffers(inputs: Sequence[torch.Tensor]) -> dict:
 
 
 def allocate(source: KernelSource, buffers: dict, device) -> None:
-    """Create the outputs and intermediates `source` writes that `buffers` does not hold yet."""
+    """Create the outputs and intermediates `source` writes that `buffers` does not hold yet, and the
+    finite-inputs flag when it reads that."""
     for b in source.buffers:
-        if b.source not in buffers:
+        if b.source == FINITE and FINITE not in buffers:
+            buffers[FINITE] = finite_flag([t for key, t in buffers.items() if isinstance(key, tuple) and key[0] == "in"])
+        elif b.source not in buffers:
             buffers[b.source] = torch.empty(b.shape, dtype=b.dtype, device=device)
+
+
+def finite_flag(inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """A float32 [1] device tensor that is finite exactly when no floating input holds NaN or inf: the
+    float32 sum of their sums (an overflowing sum only costs the skipped tiles). Kernels test it
+    themselves, so there is no host sync; one reduction per input plus one launch."""
+    sums = [t.sum(dtype=torch.float32).reshape(1) for t in inputs if t.is_floating_point() and t.numel()]
+    if not sums:
+        return torch.zeros(1, dtype=torch.float32, device=inputs[0].device if inputs else None)
+    return sums[0] if len(sums) == 1 else torch.cat(sums).sum().reshape(1)
 
 
 def run_kernels(launches: Sequence[Launch], inputs: Sequence[torch.Tensor], device) -> dict:

@@ -1,0 +1,138 @@
+"""exp(x) -> exp2(x * log2 e), with the constant folded into x (DESIGN 3.6).
+
+The GPU evaluates exp as ex2(x * log2 e), so a softmax pays one multiply per score for
+the conversion on top of the one that applies the softmax scale. Pushing log2 e down
+through additions, subtractions, selects and multiplications by constants merges the two
+into the scale: `exp(s * c - max(s * c))` becomes `exp2(s * (c log2 e) - max(s * (c log2 e)))`.
+A max or min that the pushed factor meets is taken over the scaled values (log2 e > 0
+keeps the order), and its other readers see it divided back, a per-row cost.
+
+Half-precision values are only scaled through when the kernels compute them in float32
+without rounding (`through_half`); where eager's fp16 rounding is reproduced, scaling
+before the rounding would change the rounded value, so the factor stops there.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..ir.loops import LNode, LoopGraph, loop_topo, var_union
+
+LOG2E = 1.0 / math.log(2.0)
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _const(t):
+    """The value of a constant operand (a Python number or a scalar node), else None."""
+    if isinstance(t, LNode):
+        return float(t.attrs["value"]) if t.op == "scalar" else None
+    return float(t)
+
+
+class _Folder:
+    def __init__(self, through_half: bool) -> None:
+        self.through_half = through_half
+        self.new: dict[int, LNode] = {}          # old node -> rewritten node
+        self.scaled: dict[int, LNode] = {}       # rewritten node -> the same value times LOG2E
+        self.cons: dict[tuple, LNode] = {}
+
+    def node(self, op: str, args: tuple, dtype: torch.dtype, **attrs) -> LNode:
+        key = (op, tuple(id(a) if isinstance(a, LNode) else ("s", a) for a in args), dtype,
+               tuple(sorted((k, id(v) if not isinstance(v, (int, float, str)) else v) for k, v in attrs.items())))
+        if key not in self.cons:
+            vs = var_union(*(a.vars for a in args if isinstance(a, LNode)))
+            if op == "reduce":
+                vs = tuple(v for v in vs if v is not attrs["var"])
+            self.cons[key] = LNode(op, args, dtype, vs, attrs)
+        return self.cons[key]
+
+    def opaque_to_scaling(self, n: LNode) -> bool:
+        return n.dtype in _HALF and not self.through_half
+
+    def scale(self, x, c: float = LOG2E):
+        """x * c, pushed as far down as the rules allow."""
+        if not isinstance(x, LNode):
+            return x * c if isinstance(x, float) else float(x) * c
+        if c == 1.0:
+            return x
+        if c != LOG2E:
+            return self._scale(x, c)
+        if id(x) not in self.scaled:
+            self.scaled[id(x)] = self._scale(x, c)
+        return self.scaled[id(x)]
+
+    def _scale(self, x: LNode, c: float) -> LNode:
+        op, a = x.op, x.args
+        if self.opaque_to_scaling(x) or not x.dtype.is_floating_point:
+            return self.node("mul", (x, c), torch.float32)
+        if op in ("mul", "div") and _const(a[1]) is not None or op == "mul" and _const(a[0]) is not None:
+            other, k = (a[0], _const(a[1])) if _const(a[1]) is not None else (a[1], _const(a[0]))
+            k = k if op == "mul" else (1.0 / k if k else math.inf)
+            if isinstance(other, LNode) and other.dtype == x.dtype and k != 0 and math.isfinite(k):
+                return self.scale(other, k * c)
+        if op in ("add", "sub"):
+            return self.node(op, (self.scale(a[0], c), self.scale(a[1], c)), x.dtype)
+        if op == "neg":
+            return self.node("neg", (self.scale(a[0], c),), x.dtype)
+        if op == "where":
+            return self.node("where", (a[0], self.scale(a[1], c), self.scale(a[2], c)), x.dtype)
+        if op == "scalar":
+            return self.node("scalar", (), x.dtype, value=float(x.attrs["value"]) * c)
+        if op == "cast" and a[0].dtype.is_floating_point and not self.opaque_to_scaling(a[0]):
+            return self.node("cast", (self.scale(a[0], c),), x.dtype)
+        return self.node("mul", (x, c), x.dtype)
+
+    def rewrite(self, n: LNode, feeds_exp: set[int]) -> LNode:
+        args = tuple(self.new[id(a)] if isinstance(a, LNode) else a for a in n.args)
+        if n.op == "exp":
+            return self.node("exp2", (self.scale(args[0]),), n.dtype)
+        if id(n) in feeds_exp:
+            # a max or min under an exp: kept over the scaled values; its other readers divide back
+            red = self.node("reduce", (self.scale(args[0]),), n.dtype, kind=n.attrs["kind"], var=n.attrs["var"])
+            out = self.node("mul", (red, 1.0 / LOG2E), n.dtype)
+            self.scaled[id(out)] = red
+            return out
+        if all(x is y for x, y in zip(args, n.args)):
+            return n
+        return self.node(n.op, args, n.dtype, **n.attrs)
+
+
+def _reductions_under_exp(g: LoopGraph, through_half: bool) -> set[int]:
+    """Max/min reductions reached from an exp's argument through the ops the factor passes."""
+    out: set[int] = set()
+    stack = [n.args[0] for n in g.nodes if n.op == "exp" and isinstance(n.args[0], LNode)]
+    seen: set[int] = set()
+    while stack:
+        x = stack.pop()
+        if not isinstance(x, LNode) or id(x) in seen or (x.dtype in _HALF and not through_half):
+            continue
+        seen.add(id(x))
+        if x.op == "reduce" and x.attrs["kind"] in ("max", "min"):
+            out.add(id(x))
+        elif x.op in ("add", "sub", "neg", "cast") or (x.op in ("mul", "div") and len(x.inputs) == 1):
+            stack += list(x.inputs)
+        elif x.op == "where":
+            stack += list(x.inputs[1:])
+    return out
+
+
+def fold_exp2(g: LoopGraph, through_half: bool) -> LoopGraph:
+    """The same program with every exp computed as exp2 of a scaled argument."""
+    if not any(n.op == "exp" for n in g.nodes):
+        return g
+    f = _Folder(through_half)
+    feeds = _reductions_under_exp(g, through_half)
+    for n in g.nodes:
+        f.new[id(n)] = f.rewrite(n, feeds)
+    outputs = [type(o)(f.new[id(o.node)], o.dims, o.shape, o.dtype) for o in g.outputs]
+    nodes = loop_topo([o.node for o in outputs])
+    names = {n.name for n in g.nodes if n.name}
+    k = 0
+    for n in nodes:
+        if not n.name:
+            while f"t{k}" in names:
+                k += 1
+            n.name = f"t{k}"
+            names.add(n.name)
+    return LoopGraph(g.inputs, nodes, outputs)

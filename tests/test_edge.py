@@ -1,0 +1,189 @@
+"""Edge values and bad input at call time: compiled results match eager exactly where eager has NaN or inf,
+and what cannot run is rejected with a precise error (DESIGN section 6)."""
+import math
+import warnings
+
+import pytest
+import torch
+
+import flashtensor as ft
+from flashtensor import workloads
+from flashtensor.pipeline import FallbackWarning
+
+from conftest import as_tuple, assert_close
+
+SEED = 4321
+
+
+def qkv(*shape, seed: int = SEED, dtype=torch.float32) -> tuple:
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(*shape, generator=g).to(dtype) for _ in range(3))
+
+
+def compiled(fn, *args, fused: bool = True):
+    """Run `fn` through ft.compile; with `fused`, require that its plan has kernels."""
+    c = ft.compile(fn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FallbackWarning)
+        out = c(*args)
+    if fused:
+        (prog,) = c.programs.values()
+        assert prog.launches, prog.notes
+    return out
+
+
+def scores_bottom_right(q, k, fill: str):
+    """Causal scores with q_len aligned to the end of k; rows before the first key are fully masked."""
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    i = torch.arange(q.shape[-2])[:, None] + (k.shape[-2] - q.shape[-2])
+    j = torch.arange(k.shape[-2])[None, :]
+    if fill == "masked_fill":
+        return s.masked_fill(j > i, -math.inf)
+    return s + torch.zeros(s.shape[-2:]).masked_fill(j > i, -math.inf)
+
+
+def stats(fill: str, maxima: bool = False):
+    """Output and column sums (plans that skip masked tiles), optionally with column and row maxima."""
+    def fn(q, k, v):
+        p = torch.softmax(scores_bottom_right(q, k, fill), dim=-1)
+        return (p @ v, p.sum(dim=-2)) + ((p.amax(dim=-2), p.amax(dim=-1)) if maxima else ())
+    return fn
+
+
+def skips_tiles(fn, *args) -> bool:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FallbackWarning)
+        return any(k.assumes_finite for k in ft.explain(fn, *args).program.kernels)
+
+
+# ---- fully masked rows ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("q_len, kv_len", [(128, 64), (67, 60)])
+def test_fully_masked_rows_from_an_index_mask_give_nan_where_eager_does(q_len, kv_len):
+    """q_len > kv_len with a bottom-right causal mask: the first q_len - kv_len rows have no key, so eager's
+    softmax is NaN there, and so is every column statistic. Regression: the row-max fact (-inf on those rows)
+    must stop tiles from being skipped (128/64 skips whole tiles), and max reductions must propagate NaN."""
+    q = qkv(2, q_len, 16)[0]
+    k, v = qkv(2, kv_len, 16, seed=SEED + 1)[:2]
+    fn = stats("masked_fill", maxima=True)
+    ref = fn(q, k, v)
+    assert ref[0][:, : q_len - kv_len].isnan().all() and not ref[0][:, q_len - kv_len:].isnan().any()
+    assert ref[1].isnan().all() and ref[2].isnan().all()
+    assert_close(compiled(fn, q, k, v), ref)
+
+
+# ---- NaN and inf in the inputs -------------------------------------------------------------------
+
+@pytest.mark.parametrize("fill", ["masked_fill", "additive"])
+@pytest.mark.parametrize("where", ["k_masked", "q_row", "v_row"])
+def test_nan_in_inputs_matches_eager(fill, where):
+    """A NaN in k at a key only the last queries see: masked_fill replaces it for earlier queries (no NaN
+    there), while s + (-inf) keeps it (NaN in every row). Kernels that skip masked tiles cannot see the
+    difference, so calls with non-finite inputs must give eager's answer either way."""
+    q, k, v = qkv(1, 130, 16)
+    {"k_masked": k[0, 120], "q_row": q[0, 5], "v_row": v[0, 100]}[where][3] = math.nan
+    fn = stats(fill)
+    assert skips_tiles(fn, *qkv(1, 130, 16))
+    ref = fn(q, k, v)
+    if where == "k_masked":
+        assert ref[0][0, :120].isnan().all() == (fill == "additive") and ref[0][0, 120:].isnan().all()
+    assert_close(compiled(fn, q, k, v), ref)
+
+
+def test_infinite_inputs_match_eager():
+    q, k, v = qkv(1, 2, 100, 16)
+    q[0, 0, 3, 0], k[0, 1, 50, 2] = -math.inf, math.inf
+    ref = workloads.h2o(q, k, v)
+    assert any(r.isnan().any() for r in ref)
+    assert_close(compiled(workloads.h2o, q, k, v), ref)
+
+
+def test_finite_inputs_after_nan_inputs_run_the_kernels_again():
+    """The eager detour is per call: the same plan then runs its kernels on finite inputs."""
+    fn = stats("additive")
+    c = ft.compile(fn)
+    q, k, v = qkv(1, 130, 16)
+    bad = k.clone()
+    bad[0, 120, 0] = math.nan
+    assert_close(c(q, bad, v), fn(q, bad, v))
+    assert_close(c(q, k, v), fn(q, k, v))
+    (prog,) = c.programs.values()
+    assert prog.launches and any(kernel.assumes_finite for kernel in prog.kernels)
+    assert len(c.programs) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_very_large_logits_do_not_overflow(dtype):
+    """Scores of order 1e4 (q scaled by 1e3 in fp32, by 30 in fp16): the running max keeps exp finite."""
+    q, k, v = qkv(1, 90, 2, 32, dtype=dtype)
+    q = q * (1e3 if dtype == torch.float32 else 30.0)
+    ref = workloads.h2o(q, k, v)
+    assert all(torch.isfinite(r).all() for r in ref)
+    assert_close(compiled(workloads.h2o, q, k, v), ref)
+
+
+# ---- empty dimensions ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["attn", "h2o"])
+@pytest.mark.parametrize("empty", ["batch", "queries", "keys", "queries and keys"])
+def test_empty_dimensions_give_eagers_result(name, empty):
+    """Size-0 batch, queries or keys: eager's softmax over no keys is empty and p @ v is zeros; regression:
+    the decomposed softmax's max over no elements raised in amax instead."""
+    fn = getattr(workloads, name)
+    q, k, v = qkv(1, 40, 2, 16)
+    if empty == "batch":
+        q, k, v = q[:0], k[:0], v[:0]
+    if "queries" in empty:
+        q = q[:, :0]
+    if "keys" in empty:
+        k, v = k[:, :0], v[:, :0]
+    ref = fn(q, k, v)
+    out = compiled(fn, q, k, v, fused=False)
+    assert_close(out, ref)
+    assert all(torch.equal(o, r) for o, r in zip(as_tuple(out), as_tuple(ref)))
+
+
+# ---- bad input at call time ----------------------------------------------------------------------
+
+def test_inputs_on_a_device_without_kernels_run_eagerly_with_the_reason():
+    q, k, v = (t.to("meta") for t in qkv(1, 40, 2, 16))
+    with pytest.warns(FallbackWarning, match="inputs on meta"):
+        out = ft.compile(workloads.h2o)(q, k, v)
+    ref = workloads.h2o(q, k, v)
+    assert [(o.device.type, o.shape, o.dtype) for o in out] == [(r.device.type, r.shape, r.dtype) for r in ref]
+
+
+def test_mixed_devices_are_rejected():
+    q, k, v = qkv(1, 40, 2, 16)
+    with pytest.raises(ValueError, match="one device.*tensor argument 1 on meta"):
+        ft.compile(workloads.attn)(q, k.to("meta"), v)
+
+
+def test_no_tensor_argument_is_rejected():
+    with pytest.raises(TypeError, match="no tensor argument"):
+        ft.compile(lambda x: x * 2.0)(3.0)
+
+
+def test_strided_inputs_match_eager_and_get_their_own_plan():
+    """A transposed-then-transposed-back k and a q sliced with a step have the logical shape of the
+    contiguous ones but other strides: each gets a plan, and every result matches eager."""
+    q, k, v = qkv(1, 80, 2, 32)
+    c = ft.compile(workloads.h2o)
+    k_strided = k.transpose(1, 2).contiguous().transpose(1, 2)
+    q_sliced = torch.randn(1, 160, 2, 32)[:, ::2]
+    v_narrow = torch.randn(1, 80, 2, 64)[..., 16:48]
+    for args in ((q, k, v), (q, k_strided, v), (q_sliced, k, v), (q, k, v_narrow)):
+        assert not all(a.is_contiguous() for a in args) or args[1] is k
+        assert_close(c(*args), workloads.h2o(*args))
+    assert len(c.programs) == 4
+
+
+def test_dtype_and_shape_changes_between_calls_replan():
+    c = ft.compile(workloads.h2o)
+    for shape, dtype in (((1, 64, 2, 16), torch.float32), ((1, 64, 2, 16), torch.float16),
+                         ((2, 50, 1, 16), torch.float16), ((1, 64, 2, 16), torch.float32)):
+        args = qkv(*shape, dtype=dtype, seed=SEED + len(c.programs))
+        out = c(*args)
+        assert all(o.dtype == r.dtype for o, r in zip(out, workloads.h2o(*args)))
+        assert_close(out, workloads.h2o(*args))
+    assert len(c.programs) == 3

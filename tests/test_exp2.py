@@ -1,0 +1,72 @@
+"""The exp -> exp2 rewrite (transform/exp2.py) on its own: the loop form before and after it
+computes the same values in the reference evaluator, and the log2 e factor lands in the scale."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from flashtensor import workloads
+from flashtensor.frontend.capture import capture
+from flashtensor.ir.loops import evaluate_loops
+from flashtensor.pipeline import fusable_part
+from flashtensor.transform.decompose import decompose
+from flashtensor.transform.exp2 import LOG2E, fold_exp2
+from flashtensor.transform.loopform import to_loops
+
+from conftest import rel_err
+
+
+def _loops(fn, args):
+    loops, consts = to_loops(fusable_part(decompose(capture(fn, list(args)))))
+    return loops, list(args) + consts
+
+
+def _check(loops, folded, ins, tol):
+    for a, b in zip(evaluate_loops(loops, ins), evaluate_loops(folded, ins)):
+        if a.dtype.is_floating_point:
+            assert rel_err(b, a) <= tol, rel_err(b, a)
+        else:
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name", ["attn", "h2o", "roco", "keyformer", "corm", "gemma2", "ea"])
+@pytest.mark.parametrize("through_half", [True, False])
+def test_same_values(name, through_half):
+    fn, args = workloads.make(name, device="cpu", dtype=torch.float32, seed=11, **workloads.SMALL)
+    loops, ins = _loops(fn, args)
+    folded = fold_exp2(loops, through_half)
+    assert not any(n.op == "exp" for n in folded.nodes)
+    _check(loops, folded, ins, 1e-5)
+
+
+def test_factor_merges_into_the_softmax_scale():
+    fn, args = workloads.make("attn", device="cpu", dtype=torch.float16, seed=3, **workloads.SMALL)
+    loops, ins = _loops(fn, args)
+    scale = 1 / math.sqrt(args[0].shape[-1])
+    folded = fold_exp2(loops, through_half=True)
+    consts = [a for n in folded.nodes if n.op == "mul" for a in n.args if isinstance(a, float)]
+    assert any(abs(c - scale * LOG2E) < 1e-12 for c in consts), consts
+    assert not any(abs(c - LOG2E) < 1e-12 for c in consts), "a separate multiply by log2 e is left"
+    # where eager's fp16 rounding is kept, the factor stops at the cast to float32
+    kept = fold_exp2(loops, through_half=False)
+    consts = [a for n in kept.nodes if n.op == "mul" for a in n.args if isinstance(a, float)]
+    assert any(abs(c - LOG2E) < 1e-12 for c in consts)
+    g = torch.Generator().manual_seed(5)
+    fresh = [torch.randn(a.shape, generator=g).to(a.dtype) for a in args]
+    _check(loops, kept, fresh, 1e-5)
+    _check(loops, folded, fresh, 1e-3)    # fp16 intermediates are computed in float32, as kernels do
+
+
+def test_max_read_elsewhere_is_divided_back():
+    """A row max that is both inside the softmax and a program output keeps its value."""
+    def fn(x, y):
+        s = x @ y.transpose(-1, -2) * 0.3 - 1.5
+        return F.softmax(s, dim=-1), s.amax(-1), torch.exp(-s).sum(-1)
+
+    g = torch.Generator().manual_seed(9)
+    args = (torch.randn(2, 37, 16, generator=g), torch.randn(2, 23, 16, generator=g))
+    loops, ins = _loops(fn, args)
+    folded = fold_exp2(loops, through_half=True)
+    assert sum(n.op == "reduce" and n.attrs["kind"] == "max" for n in folded.nodes) == 1
+    _check(loops, folded, ins, 1e-5)

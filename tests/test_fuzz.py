@@ -1,0 +1,296 @@
+"""Differential fuzzing: random attention-like programs, compiled against eager (DESIGN section 6).
+
+Programs are drawn from a small grammar (masks, index-derived biases, score transforms,
+statistics over either dimension of the probabilities, GQA expands, linear-attention
+normalisations) at random shapes and dtypes, built as Python closures, and run through
+`ft.compile`. A program may fall back to eager, but it must still give the right answer;
+a crash or a wrong answer fails. The default budget is small; set
+FLASHTENSOR_FUZZ_EXAMPLES for a longer campaign (see README, "Run the tests").
+"""
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import flashtensor as ft
+from flashtensor.pipeline import FallbackWarning, Program
+from flashtensor.testing import as_tuple, compare, rel_err
+
+EXAMPLES = int(os.environ.get("FLASHTENSOR_FUZZ_EXAMPLES", "12"))
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+ROW_STATS = ("rowmax", "rowsum", "entropy", "rowcount")
+COL_STATS = ("colsum", "colsq", "colmax", "colany", "colcount")
+THRESHOLD_STATS = ("rowcount", "colany", "colcount")
+# relative distance to a threshold within which eager's own rounding may flip a comparison
+NEAR = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+
+TALLY: Counter = Counter()
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One drawn program: an attention (kind "softmax"/"sigmoid") or a linear attention (kind "linear")."""
+    kind: str
+    batch: int
+    heads: int
+    kv_heads: int
+    q_len: int
+    kv_len: int
+    dim: int
+    dtype: torch.dtype
+    layout: str = "bhsd"              # bshd: inputs are (B, S, H, D) and the program transposes them
+    expand: str = "repeat_interleave"
+    scale: float = 1.0
+    cap: Optional[float] = None       # tanh soft cap
+    slope: Optional[float] = None     # ALiBi-like bias (j - i) * slope
+    mask: str = "none"                # none | causal | band | prefix
+    width: int = 0                    # band window or prefix length
+    apply: str = "masked_fill"        # masked_fill | where | additive
+    float_probs: bool = False         # softmax over s.float() (the workloads' habit for half inputs)
+    stats: tuple[str, ...] = ()
+    threshold: float = 0.0            # times 1 / kv_len, for the threshold statistics
+    feature: str = "ea"               # linear attention: ea (softmaxes) | sima (L1 normalise over tokens)
+    seed: int = 0
+
+
+def _expand_heads(x: torch.Tensor, spec: Spec) -> torch.Tensor:
+    """GQA: each of kv_heads heads serves heads // kv_heads query heads."""
+    g = spec.heads // spec.kv_heads
+    if g == 1:
+        return x
+    if spec.expand == "repeat_interleave":
+        return x.repeat_interleave(g, dim=1)
+    b, h, s, d = x.shape
+    return x[:, :, None].expand(b, h, g, s, d).reshape(b, h * g, s, d)
+
+
+def _wide(dtype: torch.dtype) -> torch.dtype:
+    """float32 for half inputs, the input's own type otherwise (float64 for the exact reference)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def probabilities(spec: Spec, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """The (B, H, Sq, Skv) probabilities of a softmax/sigmoid program; q, k in (B, H, S, D)."""
+    s = q @ k.transpose(-1, -2) * spec.scale
+    if spec.cap is not None:
+        s = torch.tanh(s / spec.cap) * spec.cap
+    i = torch.arange(spec.q_len, device=q.device)[:, None] + (spec.kv_len - spec.q_len)  # bottom-right aligned
+    j = torch.arange(spec.kv_len, device=q.device)[None, :]
+    if spec.slope is not None:
+        s = s + (j - i).to(s.dtype) * spec.slope
+    masked = {"none": None, "causal": j > i, "band": (j > i) | (j < i - spec.width),
+              "prefix": (j > i) & (j >= spec.width)}[spec.mask]
+    if masked is not None:
+        if spec.apply == "masked_fill":
+            s = s.masked_fill(masked, -math.inf)
+        elif spec.apply == "where":
+            s = torch.where(masked, torch.full_like(s, -math.inf), s)
+        else:
+            s = s + torch.zeros(masked.shape, dtype=s.dtype, device=s.device).masked_fill(masked, -math.inf)
+    if spec.kind == "sigmoid":
+        return torch.sigmoid(s)
+    return torch.softmax(s.to(_wide(s.dtype)) if spec.float_probs else s, dim=-1)
+
+
+def _stat(name: str, p: torch.Tensor, spec: Spec) -> torch.Tensor:
+    thr = spec.threshold / spec.kv_len
+    return {
+        "rowmax": lambda: p.amax(dim=-1),
+        "rowsum": lambda: p.sum(dim=-1),
+        "entropy": lambda: -(p * torch.log(p + 1e-6)).sum(dim=-1),
+        "rowcount": lambda: (p > thr).sum(dim=-1),
+        "colsum": lambda: p.sum(dim=-2),
+        "colsq": lambda: (p * p).sum(dim=-2),
+        "colmax": lambda: p.amax(dim=-2),
+        "colany": lambda: (p >= thr).any(dim=-2),
+        "colcount": lambda: (p > thr).sum(dim=-2),
+    }[name]()
+
+
+def build(spec: Spec) -> Callable:
+    """The drawn program as a plain-PyTorch closure over the spec."""
+    def attention(q, k, v):
+        if spec.layout == "bshd":
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        k, v = _expand_heads(k, spec), _expand_heads(v, spec)
+        p = probabilities(spec, q, k)
+        o = p.to(v.dtype) @ v
+        if spec.layout == "bshd":
+            o = o.transpose(1, 2)
+        return (o, *(_stat(name, p, spec) for name in spec.stats))
+
+    def linear(q, k, v):
+        k, v = _expand_heads(k, spec), _expand_heads(v, spec)
+        if spec.feature == "ea":
+            q, k = q.softmax(dim=-1), k.softmax(dim=-2)
+        else:
+            q, k = F.normalize(q, p=1, dim=-2), F.normalize(k, p=1, dim=-2)
+        return q @ (k.transpose(-2, -1) @ v)
+
+    return linear if spec.kind == "linear" else attention
+
+
+def inputs(spec: Spec) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(spec.seed)
+    shapes = [(spec.batch, h, n, spec.dim) for h, n in
+              ((spec.heads, spec.q_len), (spec.kv_heads, spec.kv_len), (spec.kv_heads, spec.kv_len))]
+    if spec.kind == "linear":   # linear attention reads tokens along the same axis for q, k and v
+        shapes[0] = (spec.batch, spec.heads, spec.kv_len, spec.dim)
+    out = []
+    for shape in shapes:
+        if spec.layout == "bshd":
+            shape = (shape[0], shape[2], shape[1], shape[3])
+        out.append(torch.randn(*shape, generator=g).to(spec.dtype))
+    return tuple(out)
+
+
+@st.composite
+def specs(draw) -> Spec:
+    kind = draw(st.sampled_from(["softmax", "softmax", "softmax", "sigmoid", "linear"]))
+    kv_heads = draw(st.sampled_from([1, 2]))
+    heads = kv_heads * draw(st.sampled_from([1, 1, 2]))
+    kv_len = draw(st.integers(1, 80))
+    common = dict(batch=draw(st.sampled_from([1, 1, 2])), heads=heads, kv_heads=kv_heads, kv_len=kv_len,
+                  dim=draw(st.sampled_from([16, 32])), dtype=draw(st.sampled_from(DTYPES)),
+                  expand=draw(st.sampled_from(["repeat_interleave", "expand"])),
+                  seed=draw(st.integers(0, 2 ** 16)))
+    if kind == "linear":
+        return Spec(kind, q_len=kv_len, feature=draw(st.sampled_from(["ea", "sima"])), **common)
+    q_len = draw(st.one_of(st.just(kv_len), st.integers(1, kv_len), st.integers(1, 80)))
+    mask = draw(st.sampled_from(["none", "causal", "causal", "band", "prefix"]))
+    stats = draw(st.lists(st.sampled_from(ROW_STATS + COL_STATS), max_size=2, unique=True))
+    return Spec(
+        kind, q_len=q_len, layout=draw(st.sampled_from(["bhsd", "bshd"])),
+        scale=draw(st.sampled_from([1.0, 0.25, 1 / math.sqrt(common["dim"])])),
+        cap=draw(st.one_of(st.none(), st.sampled_from([5.0, 30.0]))),
+        slope=draw(st.one_of(st.none(), st.sampled_from([0.05, -0.5]))),
+        mask=mask, width=draw(st.integers(0, 40)), apply=draw(st.sampled_from(["masked_fill", "where", "additive"])),
+        float_probs=draw(st.booleans()), stats=tuple(stats), threshold=draw(st.sampled_from([0.5, 1.0, 2.0])),
+        **common)
+
+
+def outcome(prog: Program) -> str:
+    """fused (every piece in kernels), partial (some piece in eager) or fallback (all eager)."""
+    if not prog.launches:
+        return "fallback"
+    return "partial" if prog.notes else "fused"
+
+
+def _near_threshold(spec: Spec, name: str, args: tuple) -> torch.Tensor:
+    """Per output element of a threshold statistic: how many probabilities sit within rounding of it."""
+    wide = [a.double() for a in args]
+    if spec.layout == "bshd":
+        wide = [t.transpose(1, 2) for t in wide]
+    p = probabilities(spec, wide[0], _expand_heads(wide[1], spec))
+    thr = spec.threshold / spec.kv_len
+    near = (p - thr).abs() <= NEAR[spec.dtype] * thr
+    return near.sum(dim=-1 if name in ROW_STATS else -2)
+
+
+def check(spec: Spec, fn: Callable, args: tuple, out, ref) -> None:
+    """DESIGN 6 per output. Half-precision results that miss eager by more than 2e-3 are held to the float64
+    answer instead: no worse than eager's own error (or than storing the exact answer) plus 2e-3, since eager's
+    half-precision intermediates are themselves that far off (tests/test_kernels.py::test_bf16_against_float64).
+    Threshold statistics may differ from eager only where a probability sits within rounding of the threshold."""
+    outs, refs = as_tuple(out), as_tuple(ref)
+    assert len(outs) == len(refs), f"{len(outs)} outputs, eager gives {len(refs)}"
+    names = ("o",) + spec.stats
+    for k, (o, r) in enumerate(zip(outs, refs)):
+        name = names[k] if k < len(names) else str(k)
+        if name in THRESHOLD_STATS and not torch.equal(o, r):
+            assert o.shape == r.shape and o.dtype == r.dtype, (name, o.shape, r.shape)
+            slack = _near_threshold(spec, name, args)
+            off = (o.long() - r.long()).abs()
+            assert bool((off <= slack).all()), f"{name}: {int((off > slack).sum())} elements differ beyond rounding"
+            continue
+        m = compare(o, r)
+        if m.ok:
+            continue
+        assert spec.dtype != torch.float32 and m.problem.startswith("relative error"), f"{name}: {m.problem}"
+        x = as_tuple(fn(*[a.double() for a in args]))[k]
+        floor = max(rel_err(r, x), _interpreter_floor(x, r.dtype))
+        assert rel_err(o, x) <= floor + 2e-3, f"{name}: error {rel_err(o, x):.3e} vs float64, eager's own {floor:.3e}"
+
+
+def _interpreter_floor(exact: torch.Tensor, dtype: torch.dtype) -> float:
+    """Triton's interpreter truncates float32 to bf16 (the GPU rounds to nearest), once at the dot operands
+    and once at the store, both toward zero: twice the error of truncating the exact answer."""
+    if dtype != torch.bfloat16 or os.environ.get("TRITON_INTERPRET") != "1":
+        return 0.0
+    truncated = (exact.float().contiguous().view(torch.int32) & -65536).view(torch.float32)
+    return 2 * rel_err(truncated, exact)
+
+
+def run_spec(spec: Spec) -> Program:
+    """Compile and check one program; returns its plan."""
+    fn, args = build(spec), inputs(spec)
+    with torch.no_grad():
+        ref = fn(*args)
+    compiled = ft.compile(fn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FallbackWarning)
+        out = compiled(*args)
+    check(spec, fn, args, out, ref)
+    (prog,) = compiled.programs.values()
+    return prog
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report(request):
+    yield
+    tr = request.config.pluginmanager.get_plugin("terminalreporter")
+    if tr is not None and TALLY:
+        tr.write_line("fuzz: " + ", ".join(f"{k} {v}" for k, v in sorted(TALLY.items())))
+
+
+@settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize="FLASHTENSOR_FUZZ_EXAMPLES" not in os.environ, print_blob=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(specs())
+def test_random_programs_match_eager(spec: Spec):
+    TALLY["tried"] += 1
+    TALLY[outcome(run_spec(spec))] += 1
+
+
+# Programs the fuzzer found failing, replayed deterministically (the fix is named in each entry).
+FOUND = [
+    # fully masked rows (q_len > kv_len, bottom-right causal): kernels dropped the NaN in the column max
+    # (tl.max ignores NaN; codegen/emit.py now reduces with NaN-propagating maxima)
+    Spec("softmax", batch=1, heads=1, kv_heads=1, q_len=67, kv_len=60, dim=16, dtype=torch.float32, layout="bshd",
+         slope=0.05, mask="causal", float_probs=True, stats=("colmax", "colsum"), seed=27695),
+    # fp16 scores of magnitude ~30 (soft cap plus bias): eager's own fp16 rounding is 3e-3 from the exact answer
+    Spec("softmax", batch=1, heads=2, kv_heads=2, q_len=12, kv_len=61, dim=16, dtype=torch.float16, expand="expand",
+         scale=0.25, cap=30.0, slope=-0.5, apply="additive", float_probs=True, seed=3775),
+    # bf16 linear attention: held to the float64 answer (Triton's interpreter truncates float32 to bf16)
+    Spec("linear", batch=1, heads=2, kv_heads=2, q_len=45, kv_len=45, dim=32, dtype=torch.bfloat16, expand="expand",
+         seed=396),
+]
+
+
+@pytest.mark.parametrize("spec", FOUND, ids=["colmax_fully_masked_rows", "fp16_large_scores", "bf16_linear"])
+def test_programs_the_fuzzer_found(spec: Spec):
+    assert outcome(run_spec(spec)) == "fused"
+
+
+# Found by the fuzzer and not fixed yet: a statistic over a size-1 query axis (q_len == 1) is the probability
+# tile itself, so loop form hands the partitioner a program output that is also an operand of another output's
+# reduction. It plans a cycle (softmax) or leaves an output unwritten (sigmoid): partition/plan.py.
+UNFIXED = [
+    Spec("softmax", batch=1, heads=1, kv_heads=1, q_len=1, kv_len=2, dim=16, dtype=torch.float32, stats=("colsum",)),
+    Spec("sigmoid", batch=1, heads=1, kv_heads=1, q_len=1, kv_len=2, dim=16, dtype=torch.float32, stats=("colsum",)),
+]
+
+
+@pytest.mark.xfail(strict=True, reason="size-1 query axis: output aliasing in partition/plan.py (see UNFIXED)")
+@pytest.mark.parametrize("spec", UNFIXED, ids=["softmax_cycle", "sigmoid_unwritten_output"])
+def test_programs_the_fuzzer_found_unfixed(spec: Spec):
+    run_spec(spec)
