@@ -28,7 +28,7 @@ from .frontend.capture import capture
 from .ir.evaluate import evaluate
 from .ir.graph import Graph, Node, topo_order
 from .ir.loops import LoopGraph
-from .partition.plan import KernelPlan, partition
+from .partition.plan import KernelPlan, partitions
 from .runtime import cache as plan_cache
 from .runtime.autotune import interpreting, tune
 from .runtime.launch import Launch, input_buffers, load_kernel, run_kernels
@@ -168,26 +168,30 @@ def _search(prog: Program, fused: Graph, example: list[torch.Tensor]) -> dict:
             any(dt == torch.float16 for _, dt in loops.inputs)
         loops = fold_exp2(loops, through_half=not faithful)
         log.debug("loop form:\n%s", loops)
-        plans = partition(loops, _accept)
-        schedules = [build_schedule(p) for p in plans]
-        if log.isEnabledFor(logging.DEBUG):
-            for k, (p, s) in enumerate(zip(plans, schedules)):
-                log.debug("kernel %d plan: stores %s, loads %s", k, p.roots, sorted(p.loads, key=lambda n: n.name))
-                log.debug("kernel %d schedule: batch %s, row %s, loop %s, whole %s, %d pass(es), %d dot(s), skip %s",
-                          k, s.batch, s.row, s.loop, s.whole, s.passes, len(s.dots), [str(h) for h in s.skip])
-        _check_intermediates(loops, schedules)
-        owner = {o.node: o for o in loops.outputs}
         nan_free = frozenset(nan_absorbing_maxima(loops))
         bufs = input_buffers(list(example) + [c.to(device) for c in consts])
-        kernels = []
-        for k, s in enumerate(schedules):
-            roots = {r: owner[r] for r in s.plan.roots if r in owner}
-            la = tune(lambda cfg: emit_kernel(s, f"ft_kernel{k}", loops.inputs, roots, *cfg, faithful=faithful,
-                                              nan_free=nan_free),
-                      bufs, device)
-            la(bufs)
-            log.debug("kernel %d source:\n%s", k, la.source.source)
-            kernels.append(la.source)
+        candidates = partitions(loops, _accept)
+        if device.type != "cuda" or interpreting():
+            candidates = candidates[:1]     # choosing by time needs the real device
+        best, errors = None, []
+        for c, plans in enumerate(candidates):
+            try:
+                schedules = [build_schedule(p) for p in plans]
+                _check_intermediates(loops, schedules)
+            except ScheduleError as e:
+                log.debug("partition %d rejected: %s", c, e)
+                errors.append(str(e))
+                continue
+            _log_plan(c, plans, schedules)
+            launches = _tune_kernels(loops, schedules, faithful, nan_free, bufs, device)
+            total = sum(la.ms for la in launches)
+            log.debug("partition %d: %d kernel(s), %.4f ms", c, len(launches), total)
+            if best is None or total < best[0]:
+                best = (total, schedules, launches)
+        if best is None:
+            raise ScheduleError("; ".join(errors))
+        _, schedules, launches = best
+        kernels = [la.source for la in launches]
     except (LoweringError, ScheduleError) as e:
         log.debug("no fused plan: %s", e)
         return {"kernels": [], "consts": [], "results": [],
@@ -198,6 +202,31 @@ def _search(prog: Program, fused: Graph, example: list[torch.Tensor]) -> dict:
                for k in kernels]
     return {"kernels": [plan_cache.encode_kernel(k) for k in kernels], "consts": [c.cpu() for c in consts],
             "results": [(n.name, ("out", i)) for i, n in enumerate(fused.outputs)], "notes": []}
+
+
+def _log_plan(c: int, plans: list[KernelPlan], schedules: list[Schedule]) -> None:
+    if not log.isEnabledFor(logging.DEBUG):
+        return
+    for k, (p, s) in enumerate(zip(plans, schedules)):
+        log.debug("partition %d kernel %d plan: stores %s, loads %s", c, k, p.roots, sorted(p.loads, key=lambda n: n.name))
+        log.debug("partition %d kernel %d schedule: batch %s, row %s, loop %s, whole %s, %d pass(es), %d dot(s), skip %s",
+                  c, k, s.batch, s.row, s.loop, s.whole, s.passes, len(s.dots), [str(h) for h in s.skip])
+
+
+def _tune_kernels(loops: LoopGraph, schedules: list[Schedule], faithful: bool, nan_free: frozenset,
+                  bufs: dict, device: torch.device) -> list[Launch]:
+    """Emit and tune each kernel in plan order, running it so the next one sees its results."""
+    owner = {o.node: o for o in loops.outputs}
+    loaded = frozenset(n for s in schedules for n in s.plan.loads)
+    launches = []
+    for k, s in enumerate(schedules):
+        roots = {r: owner[r] for r in s.plan.roots if r in owner}
+        la = tune(lambda cfg: emit_kernel(s, f"ft_kernel{k}", loops.inputs, roots, *cfg, faithful=faithful,
+                                          nan_free=nan_free, loaded_later=loaded), bufs, device)
+        la(bufs)
+        log.debug("kernel %d source:\n%s", k, la.source.source)
+        launches.append(la)
+    return launches
 
 
 def _buffer_keys(loops: LoopGraph) -> Callable[[Any], tuple]:

@@ -273,24 +273,16 @@ FOUND = [
     # bf16 linear attention: held to the float64 answer (Triton's interpreter truncates float32 to bf16)
     Spec("linear", batch=1, heads=2, kv_heads=2, q_len=45, kv_len=45, dim=32, dtype=torch.bfloat16, expand="expand",
          seed=396),
-]
-
-
-@pytest.mark.parametrize("spec", FOUND, ids=["colmax_fully_masked_rows", "fp16_large_scores", "bf16_linear"])
-def test_programs_the_fuzzer_found(spec: Spec):
-    assert outcome(run_spec(spec)) == "fused"
-
-
-# Found by the fuzzer and not fixed yet: a statistic over a size-1 query axis (q_len == 1) is the probability
-# tile itself, so loop form hands the partitioner a program output that is also an operand of another output's
-# reduction. It plans a cycle (softmax) or leaves an output unwritten (sigmoid): partition/plan.py.
-UNFIXED = [
+    # a statistic over a size-1 query axis is the probability tile itself, an output that another output's
+    # reduction also reads: the partitioner planned a cycle (softmax; partition/plan.py now recomputes instead
+    # of loading) or read a buffer only the output store wrote (sigmoid; codegen/emit.py stores both)
     Spec("softmax", batch=1, heads=1, kv_heads=1, q_len=1, kv_len=2, dim=16, dtype=torch.float32, stats=("colsum",)),
     Spec("sigmoid", batch=1, heads=1, kv_heads=1, q_len=1, kv_len=2, dim=16, dtype=torch.float32, stats=("colsum",)),
 ]
 
 
-@pytest.mark.xfail(strict=True, reason="size-1 query axis: output aliasing in partition/plan.py (see UNFIXED)")
-@pytest.mark.parametrize("spec", UNFIXED, ids=["softmax_cycle", "sigmoid_unwritten_output"])
-def test_programs_the_fuzzer_found_unfixed(spec: Spec):
-    run_spec(spec)
+@pytest.mark.parametrize("spec", FOUND, ids=["colmax_fully_masked_rows", "fp16_large_scores", "bf16_linear", "single_query_softmax_colsum", "single_query_sigmoid_colsum"])
+def test_programs_the_fuzzer_found(spec: Spec):
+    assert outcome(run_spec(spec)) == "fused"
+
+

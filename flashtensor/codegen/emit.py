@@ -439,10 +439,11 @@ class _Body:
 
 def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: int = 128, block_loop: int = 64,
                 num_warps: int = 4, num_stages: int = 2, faithful: bool = False,
-                nan_free: frozenset = frozenset()) -> KernelSource:
+                nan_free: frozenset = frozenset(), loaded_later: frozenset = frozenset()) -> KernelSource:
     """Triton source for schedule `s`. `outputs` maps a root to its program output (others are intermediates).
     `faithful` rounds half-precision values as eager does (see `_Emitter.rounded`); reductions in `nan_free`
-    use the fast max that skips NaN (analysis.facts.nan_absorbing_maxima says where that is exact)."""
+    use the fast max that skips NaN (analysis.facts.nan_absorbing_maxima says where that is exact); roots in
+    `loaded_later` are also stored as intermediates, in the layout later kernels read."""
     em = _Emitter(s, inputs, block_row, block_loop, faithful, nan_free)
     body: list[str] = []
     final_cache: dict[int, tuple[str, list[Var]]] = {}
@@ -479,6 +480,8 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
     store_ctx = _Body(s.passes, False, {**em.cache_pre, **final_cache})
     for r in s.plan.roots:
         em.store(r, outputs.get(r), store_ctx)
+        if r in outputs and r in loaded_later:   # a program output another kernel also reads
+            em.store(r, None, store_ctx)
     body += store_ctx.lines
     buffers = list(em.bufs.values())
     head = [f"def {name}({', '.join(b.name for b in buffers)}):"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from ..ir.loops import LNode, LoopGraph, Var
+from ..ir.loops import LNode, LoopGraph, Var, loop_topo
 
 
 @dataclass
@@ -46,9 +46,28 @@ def _cuts(roots: list[LNode], parallel: set[Var], produced: set[LNode]) -> tuple
     return cuts, loads
 
 
-def partition(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]]) -> list[KernelPlan]:
+def partitions(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]]) -> list[list[KernelPlan]]:
+    """Candidate partitions for the tuner to time, the greedy one first. The second merges a group only
+    into a kernel whose values it reads or that reads it: statistics that merely share the kernel's
+    parallel variables (KeyFormer's noisy-softmax row statistics beside the attention output) get a
+    kernel of their own, which recomputes the shared scores but carries less per program."""
+    out: list[list[KernelPlan]] = []
+    for related_only in (False, True):
+        plans = partition(g, accept, related_only)
+        if all(_grouping(plans) != _grouping(o) for o in out):
+            out.append(plans)
+    return out
+
+
+def _grouping(plans: list[KernelPlan]) -> set[frozenset[int]]:
+    return {frozenset(id(r) for r in p.roots) for p in plans}
+
+
+def partition(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]],
+              related_only: bool = False) -> list[KernelPlan]:
     """Cover the outputs with kernels. `accept(plan)` returns None if a kernel can be scheduled,
-    else the reason; merges are only kept when accepted. Kernels come out in dependency order."""
+    else the reason; merges are only kept when accepted (and, with `related_only`, only between values
+    one of which reads the other). Kernels come out in dependency order."""
     groups: list[list[LNode]] = []
     work = [o.node for o in g.outputs]
     produced: set[LNode] = set()
@@ -63,9 +82,11 @@ def partition(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]]) -> li
     # group roots with nested parallel variables, largest first
     groups.sort(key=lambda gr: -len(gr[0].vars))
     kernels: list[list[LNode]] = []
+    upstream = {id(r): {id(n) for n in loop_topo([r])} for gr in groups for r in gr}
     for gr in groups:
         for k in kernels:
-            if set(gr[0].vars) <= {v for r in k for v in r.vars}:
+            related = any(id(gr[0]) in upstream[id(r)] or id(r) in upstream[id(gr[0])] for r in k)
+            if set(gr[0].vars) <= {v for r in k for v in r.vars} and (related or not related_only):
                 trial = KernelPlan(k + gr)
                 trial.loads = _cuts(trial.roots, trial.parallel, produced)[1]
                 if accept(trial) is None:
@@ -73,25 +94,30 @@ def partition(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]]) -> li
                     break
         else:
             kernels.append(list(gr))
-    plans = []
-    for k in kernels:
-        p = KernelPlan(k)
-        p.loads = _cuts(k, p.parallel, produced)[1]
-        plans.append(p)
-    return _order(plans)
+    plans = [KernelPlan(k) for k in kernels]
+    for p in plans:
+        p.loads = _cuts(p.roots, p.parallel, produced)[1]
+    if _order(plans) is None:
+        # reading what another kernel stores instead of recomputing it closed a cycle (a value stored by
+        # one kernel that needs another's statistics): recompute such values, load only the true cuts
+        for p in plans:
+            p.loads = _cuts(p.roots, p.parallel, set())[1]
+    ordered = _order(plans)
+    if ordered is None:
+        raise RuntimeError("kernels depend on each other in a cycle")
+    return ordered
 
 
-def _order(plans: list[KernelPlan]) -> list[KernelPlan]:
+def _order(plans: list[KernelPlan]) -> Optional[list[KernelPlan]]:
+    """Plans with every kernel after the ones whose values it loads; None if they form a cycle."""
     out: list[KernelPlan] = []
     done: set[LNode] = set()
     pending = list(plans)
     while pending:
-        for p in pending:
-            if p.loads <= done:
-                out.append(p)
-                done.update(p.roots)
-                pending.remove(p)
-                break
-        else:
-            raise RuntimeError("kernels depend on each other in a cycle")
+        ready = next((p for p in pending if p.loads <= done), None)
+        if ready is None:
+            return None
+        out.append(ready)
+        done.update(ready.roots)
+        pending.remove(ready)
     return out

@@ -54,4 +54,5 @@ def tune(variants: Callable[[tuple], KernelSource], buffers: dict, device: torch
         raise RuntimeError("no kernel configuration ran on this device")
     log.debug("autotune %s: chose blocks %s, %d warps, %d stages (%.4f ms)", best.source.name, best.source.blocks,
               best.source.num_warps, best.source.num_stages, best_ms)
+    best.ms = best_ms
     return best

@@ -43,6 +43,7 @@ def load_kernel(k: KernelSource):
 class Launch:
     source: KernelSource
     fn: object
+    ms: float = 0.0          # the tuner's median time on the device (0 where nothing was timed)
 
     def __call__(self, buffers: dict) -> None:
         args = [buffers[b.source] for b in self.source.buffers]
