@@ -144,3 +144,27 @@ def test_torch_compile_backend_matches_eager():
         warnings.simplefilter("ignore")
         out = torch.compile(fn, backend=flashtensor.backend.flashtensor_backend)(*args)
     assert_close(out, fn(*args))
+
+
+@pytest.mark.parametrize("name", ["keyformer", "roco"])
+def test_every_candidate_partition_matches_eager(name, monkeypatch):
+    """On a GPU the tuner may pick any candidate partition; each must compute the same program."""
+    import flashtensor.pipeline as pipeline
+    from flashtensor.partition.plan import partitions
+
+    monkeypatch.setenv("FLASHTENSOR_CACHE", "0")    # each candidate must be planned, not read back
+    fn, args = W.make(name, device="cpu", dtype=torch.float32, S=70, H=2, D=32, B=2, seed=5)
+    seen = []
+
+    def only(k):
+        def pick(loops, accept):
+            cands = partitions(loops, accept)
+            seen.append(len(cands))
+            return cands[k:k + 1]
+        return pick
+
+    for k in range(2):
+        monkeypatch.setattr(pipeline, "partitions", only(k))
+        report = _run(fn, args)
+        assert len(report.kernels) == [2, 3][k]
+    assert seen[0] == 2, "the related-merges-only candidate should differ from the greedy one"
