@@ -27,7 +27,7 @@ from .codegen.schedule import Schedule, ScheduleError, build_schedule
 from .frontend.capture import capture
 from .ir.evaluate import evaluate
 from .ir.graph import Graph, Node, topo_order
-from .ir.loops import LoopGraph
+from .ir.loops import LNode, LOutput, LoopGraph
 from .partition.plan import KernelPlan, partitions
 from .runtime import cache as plan_cache
 from .runtime.autotune import interpreting, tune
@@ -56,7 +56,8 @@ class Program:
     fused: Optional[Graph] = None        # the part of `decomposed` that runs as kernels
     loops: Optional[LoopGraph] = None
     schedules: list[Schedule] = field(default_factory=list)
-    # what running needs; buffers are keyed ("in", i), ("out", k), ("tmp", j)
+    # what running needs; buffers are keyed ("in", i), ("out", k), ("tmp", j) and ("finite",), the flag
+    # kernels that skip tiles read (runtime/launch.py computes it per call)
     consts: list[torch.Tensor] = field(default_factory=list)
     kernels: list[KernelSource] = field(default_factory=list)
     launches: list[Launch] = field(default_factory=list)
@@ -216,7 +217,9 @@ def _log_plan(c: int, plans: list[KernelPlan], schedules: list[Schedule]) -> Non
 def _tune_kernels(loops: LoopGraph, schedules: list[Schedule], faithful: bool, nan_free: frozenset,
                   bufs: dict, device: torch.device) -> list[Launch]:
     """Emit and tune each kernel in plan order, running it so the next one sees its results."""
-    owner = {o.node: o for o in loops.outputs}
+    owner: dict[LNode, list[LOutput]] = {}
+    for o in loops.outputs:
+        owner.setdefault(o.node, []).append(o)
     loaded = frozenset(n for s in schedules for n in s.plan.loads)
     launches = []
     for k, s in enumerate(schedules):

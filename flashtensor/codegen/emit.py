@@ -440,7 +440,7 @@ class _Body:
 def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: int = 128, block_loop: int = 64,
                 num_warps: int = 4, num_stages: int = 2, faithful: bool = False,
                 nan_free: frozenset = frozenset(), loaded_later: frozenset = frozenset()) -> KernelSource:
-    """Triton source for schedule `s`. `outputs` maps a root to its program output (others are intermediates).
+    """Triton source for schedule `s`. `outputs` maps a root to its program outputs (others are intermediates).
     `faithful` rounds half-precision values as eager does (see `_Emitter.rounded`); reductions in `nan_free`
     use the fast max that skips NaN (analysis.facts.nan_absorbing_maxima says where that is exact); roots in
     `loaded_later` are also stored as intermediates, in the layout later kernels read."""
@@ -479,7 +479,8 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
         raise ScheduleError("reductions without a loop variable")
     store_ctx = _Body(s.passes, False, {**em.cache_pre, **final_cache})
     for r in s.plan.roots:
-        em.store(r, outputs.get(r), store_ctx)
+        for out in outputs.get(r, [None]):      # one node may be several program outputs
+            em.store(r, out, store_ctx)
         if r in outputs and r in loaded_later:   # a program output another kernel also reads
             em.store(r, None, store_ctx)
     body += store_ctx.lines
