@@ -114,7 +114,17 @@ def score_variance(q, k, v):
     return ((s - mu) ** 2).mean(dim=-1)
 
 
-@pytest.mark.parametrize("fn", [sliding_window_colmax, alibi_entropy, prefix_lm_sigmoid_count, score_variance])
+def gqa_h2o(q, k, v):
+    """Grouped-query attention (each k, v head serves two query heads, by expand) with H2O's column sums:
+    the group index sits beside the query index in q's tile, so the schedule moves it to the grid."""
+    B, S, H, D = q.shape
+    k, v = (t[:, :, : H // 2, None].expand(B, S, H // 2, 2, D).reshape(B, S, H, D) for t in (k, v))
+    s = _scores(q, k) + torch.full((S, S), float("-inf")).triu(1)
+    p = torch.softmax(s, dim=-1)
+    return (p @ v.transpose(1, 2)).transpose(1, 2), p.sum(dim=2)
+
+
+@pytest.mark.parametrize("fn", [sliding_window_colmax, alibi_entropy, prefix_lm_sigmoid_count, score_variance, gqa_h2o])
 def test_own_variants(fn):
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 90, 2, 32, generator=g) for _ in range(3))

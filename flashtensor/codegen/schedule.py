@@ -135,14 +135,23 @@ def build_schedule(plan: KernelPlan, loop_choice: Optional[Var] = None) -> Sched
     all_vars = {v for n in nodes for v in n.vars} | {n.attrs["var"] for n in compute if n.op == "reduce"}
     reduced = sorted({n.attrs["var"] for n in compute if n.op == "reduce"} - parallel, key=lambda v: (-v.extent, v.id))
     candidates = [loop_choice] if loop_choice else (reduced or [None])
-    batch = sorted((parallel & dot_batch) | (parallel - set(free)), key=lambda v: v.id)
+    # parallel variables held in the tile beside the row variable unless that breaks the tile shape; then
+    # those that sit in one operand with the row (GQA's head-group index next to the query index), then all
+    # of them go to the grid instead
+    beside_row = {v for n in compute if n.op == "reduce" and n.attrs["kind"] == "sum"
+                  for f, _ in factorize(n.args[0]) if isinstance(f, LNode) and row in f.vars
+                  for v in f.vars if v in free and v is not row}
+    to_grid = [set(), beside_row, set(free) - {row}]
     errors = []
-    for loop in candidates:
-        whole = sorted(all_vars - set(batch) - {row, loop}, key=lambda v: v.id)
-        try:
-            return _finish(plan, nodes, compute, boundary, batch, row, loop, whole, role)
-        except ScheduleError as e:
-            errors.append(f"loop over {loop}: {e}")
+    for extra in [e for k, e in enumerate(to_grid) if e not in to_grid[:k]]:
+        batch = sorted((parallel & dot_batch) | (parallel - set(free)) | extra, key=lambda v: v.id)
+        for loop in candidates:
+            whole = sorted(all_vars - set(batch) - {row, loop}, key=lambda v: v.id)
+            try:
+                return _finish(plan, nodes, compute, boundary, batch, row, loop, whole, role)
+            except ScheduleError as e:
+                errors.append(f"loop over {loop}" + (f", {sorted(extra, key=lambda v: v.id)} in the grid" if extra else "")
+                              + f": {e}")
     raise ScheduleError("; ".join(errors))
 
 
