@@ -218,3 +218,23 @@ def test_non_tensor_arguments_are_baked_in_and_recompile(name, values):
     for value in values:
         assert_close(compiled(*args, value), eager(fn, *args, value))
     assert len(compiled.programs) == 2
+
+
+def test_summed_variable_is_not_captured_by_a_later_op():
+    """`(q @ k.T).exp().sum(-2)` sums over q's rows; multiplying it with `q.sum(-1)` lines its key axis up with
+    q's row axis. Tying the two variables would compute only the diagonal; the loop form renames the summed
+    one apart (the evaluator of the loop form is checked, and the compiled result)."""
+    from flashtensor.ir.loops import evaluate_loops
+    from flashtensor.transform.decompose import decompose
+    from flashtensor.transform.loopform import to_loops
+    from flashtensor.frontend.capture import capture
+
+    def fn(q, k):
+        return (q @ k.transpose(-1, -2)).exp().sum(-2)[..., None] * q.sum(-1, keepdim=True)
+
+    q, k = qkv(2, 64, 16)[:2]
+    loops, _ = to_loops(decompose(capture(fn, [q, k])))
+    assert rel_err(evaluate_loops(loops, [q, k])[0], fn(q, k)) < 1e-5
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FallbackWarning)
+        assert_close(ft.compile(fn)(q, k), fn(q, k))

@@ -231,7 +231,8 @@ def test_debug_log_shows_every_stage_and_decision(caplog, tmp_path, monkeypatch)
 
 def test_debug_log_gives_the_reason_a_merge_is_rejected(caplog):
     def column_total_times_row_total(q, k):
-        return (q @ k.transpose(-1, -2)).exp().sum(-2)[..., None] * q.sum(-1, keepdim=True)
+        """The column sum of q cannot join the attention kernel: that kernel's grid splits the rows."""
+        return torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ k + q.sum(-2, keepdim=True)
 
     caplog.set_level(logging.DEBUG, logger="flashtensor")
     q, k = torch.randn(2, 64, 16), torch.randn(2, 64, 16)

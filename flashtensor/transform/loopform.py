@@ -159,21 +159,41 @@ class _Lowerer:
         would otherwise tie two different axes to one variable and compute only the diagonal.
         """
         seen: dict[Var, object] = {}
+        at_role: dict[object, list[tuple[int, set[Var]]]] = {}
+        for k, (x, role) in enumerate(zip(ops, roles)):
+            if isinstance(x, _LV):
+                for ax, r in zip(x.axes, role):
+                    at_role.setdefault(r, []).append((k, set(self.s.axis_atoms(ax))))
         out = []
-        for x, role in zip(ops, roles):
+        for k, (x, role) in enumerate(zip(ops, roles)):
             if not isinstance(x, _LV):
                 out.append(x)
                 continue
-            clash: dict[Var, Var] = {}
+            # a variable summed over inside this operand that the op would tie to one of this operand's
+            # axes (another operand's axis in the same role): it would be captured and the sum would become
+            # a diagonal ((q @ k.T).sum(-2) * q.sum(-1) reaches q's row variable twice)
+            own = {v for ax in x.axes for v in self.s.axis_atoms(ax)}
+            tied = {v for ax, r in zip(x.axes, role) if ax for j, vs in at_role[r] if j != k for v in vs}
+            clash: dict[Var, Var] = {v: Var(v.extent) for v in (self.bound(x.node) - own) & tied}
             for ax, r in zip(x.axes, role):
                 for v in self.s.axis_atoms(ax):
                     if seen.setdefault(v, r) != r:
                         clash[v] = Var(v.extent)
             if clash:
                 sub = {v: Affine.of(w) for v, w in clash.items()}
-                node = Rebuilder(self.s).rebuild(x.node, sub)
+                node = Rebuilder(self.s, rename_bound=True).rebuild(x.node, sub)
                 x = _LV(node, [[clash.get(v, v) for v in self.s.axis_atoms(ax)] for ax in x.axes])
             out.append(x)
+        return out
+
+    def bound(self, node: LNode) -> set[Var]:
+        """Variable atoms that reductions inside `node` sum over."""
+        out: set[Var] = set()
+        for m in loop_topo([node]):
+            if m.op == "reduce_axes":
+                out.update(self.s.axis_atoms(m.attrs["axes"]))
+            elif m.op == "reduce":
+                out.update(self.s.axis_atoms([m.attrs["var"]]))
         return out
 
     def elementwise(self, n: Node, a: list) -> _LV:
@@ -289,8 +309,9 @@ class Rebuilder:
     Also hash-conses: structurally equal nodes become one node.
     """
 
-    def __init__(self, s: _Solver) -> None:
+    def __init__(self, s: _Solver, rename_bound: bool = False) -> None:
         self.s = s
+        self.rename_bound = rename_bound      # also rename variables that reductions sum over (alpha-renaming)
         self.memo: dict[tuple, LNode] = {}
         self.cons: dict[tuple, LNode] = {}
 
@@ -321,9 +342,10 @@ class Rebuilder:
             out = self.cons_node(n.op, (), n.dtype, var_union(vs), attrs)
         elif n.op in ("reduce_axes", "reduce"):
             bound = [a for ax in n.attrs.get("axes", [n.attrs.get("var")]) for a in self.s.atoms(ax)]
-            out = self.rebuild(n.args[0], {v: e for v, e in sub.items() if v not in bound})  # reduced vars are bound
+            renamed = {v: sub[v].vars[0] for v in bound if self.rename_bound and v in sub}
+            out = self.rebuild(n.args[0], {v: e for v, e in sub.items() if v not in bound or v in renamed})
             for v in bound:
-                out = self.reduce(n.attrs["kind"], out, v, n.dtype)
+                out = self.reduce(n.attrs["kind"], out, renamed.get(v, v), n.dtype)
         else:
             args = tuple(self.rebuild(a, sub) if isinstance(a, LNode) else a for a in n.args)
             out = self.cons_node(n.op, args, n.dtype, var_union(*(a.vars for a in args if isinstance(a, LNode))), dict(n.attrs))
