@@ -28,7 +28,7 @@ from .frontend.capture import capture
 from .ir.evaluate import evaluate
 from .ir.graph import Graph, Node, topo_order
 from .ir.loops import LNode, LOutput, LoopGraph
-from .partition.plan import KernelPlan, partitions
+from .partition.plan import KernelPlan, PartitionError, partitions
 from .runtime import cache as plan_cache
 from .runtime.autotune import interpreting, tune
 from .runtime.launch import Launch, input_buffers, load_kernel, run_kernels
@@ -193,10 +193,15 @@ def _search(prog: Program, fused: Graph, example: list[torch.Tensor]) -> dict:
             raise ScheduleError("; ".join(errors))
         _, schedules, launches = best
         kernels = [la.source for la in launches]
-    except (LoweringError, ScheduleError) as e:
+    except (LoweringError, PartitionError, ScheduleError) as e:
         log.debug("no fused plan: %s", e)
         return {"kernels": [], "consts": [], "results": [],
                 "notes": [f"no fused plan: {e}; the program runs in eager PyTorch"]}
+    except Exception as e:  # a bug in a stage must cost the user speed, not the answer
+        log.exception("internal compiler error")
+        return {"kernels": [], "consts": [], "results": [],
+                "notes": [f"internal compiler error ({type(e).__name__}: {e}), please report it; "
+                          "the program runs in eager PyTorch"]}
     prog.fused, prog.loops, prog.schedules = fused, loops, schedules
     keys = _buffer_keys(loops)
     kernels = [dataclasses.replace(k, buffers=[dataclasses.replace(b, source=keys(b.source)) for b in k.buffers])

@@ -238,3 +238,18 @@ def test_summed_variable_is_not_captured_by_a_later_op():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FallbackWarning)
         assert_close(ft.compile(fn)(q, k), fn(q, k))
+
+
+def test_internal_compiler_error_falls_back_to_eager_with_its_reason(monkeypatch):
+    """A bug in a stage must not cost the user the answer: eager runs, and the note says what broke."""
+    import flashtensor.pipeline as pipeline
+
+    def broken(*args, **kwargs):
+        raise KeyError("simulated bug")
+
+    monkeypatch.setattr(pipeline, "fold_exp2", broken)
+    q, k, v = qkv(1, 40, 16)
+    fn = workloads.attn
+    with pytest.warns(FallbackWarning, match="internal compiler error"):
+        out = ft.compile(fn, cache=False)(q[:, :, None], k[:, :, None], v[:, :, None])
+    assert_close(out, eager(fn, q[:, :, None], k[:, :, None], v[:, :, None]))

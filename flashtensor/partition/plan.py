@@ -14,6 +14,10 @@ from typing import Callable, Optional
 from ..ir.loops import LNode, LoopGraph, Var, loop_topo
 
 
+class PartitionError(Exception):
+    """No kernel order exists for the partition (the program runs in eager PyTorch)."""
+
+
 @dataclass
 class KernelPlan:
     roots: list[LNode]                                   # values this kernel stores
@@ -104,7 +108,7 @@ def partition(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]],
             p.loads = _cuts(p.roots, p.parallel, set())[1]
     ordered = _order(plans)
     if ordered is None:
-        raise RuntimeError("kernels depend on each other in a cycle")
+        raise PartitionError("kernels would depend on each other in a cycle")
     return ordered
 
 
