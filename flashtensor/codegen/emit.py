@@ -337,7 +337,7 @@ class _Emitter:
             if prec:
                 expr = f"({expr}).to({_TL[prec]})"
             elif any(isinstance(f, LNode) and f.dtype == torch.bfloat16 for f, _ in a + b):
-                expr = f"({expr}).to(tl.bfloat16).to(tl.float32)"   # interpreter: round as the GPU would
+                expr = f"({expr}).to(tl.bfloat16).to(tl.float32)"   # interpreter: bf16 operands (it truncates, the GPU rounds)
         var = self.fresh("op")
         shape = ", ".join(str(self.blk[v]) for v in canon)
         lines.append(f"{var} = tl.broadcast_to({expr}, ({shape}))")
