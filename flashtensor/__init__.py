@@ -2,7 +2,7 @@
 import logging
 import os
 
-from . import backend  # registers torch.compile(..., backend="flashtensor")
+from . import backend  # noqa: F401  (importing registers torch.compile(..., backend="flashtensor"))
 from .runtime.compiled import compile
 from .runtime.report import explain
 

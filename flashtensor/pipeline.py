@@ -58,7 +58,7 @@ class Program:
     schedules: list[Schedule] = field(default_factory=list)
     # what running needs; buffers are keyed ("in", i), ("out", k), ("tmp", j) and ("finite",), the flag
     # kernels that skip tiles read (runtime/launch.py computes it per call)
-    consts: list[torch.Tensor] = field(default_factory=list)
+    consts: list[torch.Tensor] = field(default_factory=list)   # already on the plan's device
     kernels: list[KernelSource] = field(default_factory=list)
     launches: list[Launch] = field(default_factory=list)
     results: list[tuple[Node, tuple]] = field(default_factory=list)  # fused-graph output, its buffer key
@@ -67,8 +67,7 @@ class Program:
         tensors = [args[i] for i in self.tensor_positions]
         env: dict[Node, torch.Tensor] = {}
         if self.launches:
-            device = tensors[0].device
-            bufs = run_kernels(self.launches, list(tensors) + [c.to(device) for c in self.consts], device)
+            bufs = run_kernels(self.launches, list(tensors) + self.consts, tensors[0].device)
             env = {n: bufs[k] for n, k in self.results}
         outs = evaluate(self.decomposed, tensors, env)
         return outs[0] if self.single_output else tuple(outs)

@@ -126,6 +126,32 @@ def loop_topo(roots: Sequence[LNode], stop: set[LNode] | frozenset = frozenset()
     return order
 
 
+class NodeTable:
+    """Hash-consing for loop nodes: asking twice for a structurally equal node gives the first one, so a
+    value that several rewrites reach is computed once."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[tuple, LNode] = {}
+
+    def get(self, op: str, args: tuple, dtype: torch.dtype, vars_: tuple[Var, ...], attrs: dict) -> LNode:
+        key = (op, tuple(id(a) if isinstance(a, LNode) else ("s", type(a).__name__, a) for a in args), dtype,
+               tuple(sorted((k, _hashable(v)) for k, v in attrs.items())))
+        hit = self.nodes.get(key)
+        if hit is None:
+            hit = self.nodes[key] = LNode(op, args, dtype, vars_, attrs)
+        return hit
+
+
+def _hashable(v):
+    if isinstance(v, (list, tuple)):
+        return tuple(_hashable(x) for x in v)
+    if isinstance(v, Var):
+        return ("var", v.id)
+    if isinstance(v, float) and v != v:
+        return "nan"
+    return v
+
+
 def var_union(*groups: Sequence[Var]) -> tuple[Var, ...]:
     seen = {v.id: v for g in groups for v in g}
     return tuple(seen[k] for k in sorted(seen))

@@ -86,11 +86,11 @@ def partition(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]],
     # group roots with nested parallel variables, largest first
     groups.sort(key=lambda gr: -len(gr[0].vars))
     kernels: list[list[LNode]] = []
-    upstream = {id(r): {id(n) for n in loop_topo([r])} for gr in groups for r in gr}
+    upstream = {id(r): {id(n) for n in loop_topo([r])} for gr in groups for r in gr} if related_only else {}
     for gr in groups:
         for k in kernels:
-            related = any(id(gr[0]) in upstream[id(r)] or id(r) in upstream[id(gr[0])] for r in k)
-            if set(gr[0].vars) <= {v for r in k for v in r.vars} and (related or not related_only):
+            related = not related_only or any(id(gr[0]) in upstream[id(r)] or id(r) in upstream[id(gr[0])] for r in k)
+            if set(gr[0].vars) <= {v for r in k for v in r.vars} and related:
                 trial = KernelPlan(k + gr)
                 trial.loads = _cuts(trial.roots, trial.parallel, produced)[1]
                 if accept(trial) is None:

@@ -43,7 +43,6 @@ class Report:
         self.program = program
         self.kernels: list[KernelInfo] = []
         self.properties: list[KernelProperties] = []
-        written: set = set()
         for k in program.kernels:
             ins, outs = [], []
             for b in k.buffers:

@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from ..ir.loops import LNode, LoopGraph, loop_topo, var_union
+from ..ir.loops import LNode, LoopGraph, NodeTable, loop_topo, var_union
 
 LOG2E = 1.0 / math.log(2.0)
 _HALF = (torch.float16, torch.bfloat16)
@@ -35,17 +35,13 @@ class _Folder:
         self.through_half = through_half
         self.new: dict[int, LNode] = {}          # old node -> rewritten node
         self.scaled: dict[int, LNode] = {}       # rewritten node -> the same value times LOG2E
-        self.cons: dict[tuple, LNode] = {}
+        self.table = NodeTable()
 
     def node(self, op: str, args: tuple, dtype: torch.dtype, **attrs) -> LNode:
-        key = (op, tuple(id(a) if isinstance(a, LNode) else ("s", a) for a in args), dtype,
-               tuple(sorted((k, id(v) if not isinstance(v, (int, float, str)) else v) for k, v in attrs.items())))
-        if key not in self.cons:
-            vs = var_union(*(a.vars for a in args if isinstance(a, LNode)))
-            if op == "reduce":
-                vs = tuple(v for v in vs if v is not attrs["var"])
-            self.cons[key] = LNode(op, args, dtype, vs, attrs)
-        return self.cons[key]
+        vs = var_union(*(a.vars for a in args if isinstance(a, LNode)))
+        if op == "reduce":
+            vs = tuple(v for v in vs if v is not attrs["var"])
+        return self.table.get(op, args, dtype, vs, attrs)
 
     def opaque_to_scaling(self, n: LNode) -> bool:
         return n.dtype in _HALF and not self.through_half

@@ -17,7 +17,7 @@ from typing import Sequence
 import torch
 
 from ..ir.graph import Graph, Node
-from ..ir.loops import Affine, LNode, LOutput, LoopGraph, Var, loop_topo, var_union
+from ..ir.loops import Affine, LNode, LOutput, LoopGraph, NodeTable, Var, loop_topo, var_union
 from ..ir.ops import BINARY, UNARY
 
 
@@ -313,7 +313,7 @@ class Rebuilder:
         self.s = s
         self.rename_bound = rename_bound      # also rename variables that reductions sum over (alpha-renaming)
         self.memo: dict[tuple, LNode] = {}
-        self.cons: dict[tuple, LNode] = {}
+        self.table = NodeTable()
 
     def affine(self, e: Affine, sub: dict[Var, Affine]) -> Affine:
         out = Affine((), e.const)
@@ -339,7 +339,7 @@ class Rebuilder:
             else:
                 attrs["expr"] = self.affine(n.attrs["expr"], sub)
                 vs = attrs["expr"].vars
-            out = self.cons_node(n.op, (), n.dtype, var_union(vs), attrs)
+            out = self.table.get(n.op, (), n.dtype, var_union(vs), attrs)
         elif n.op in ("reduce_axes", "reduce"):
             bound = [a for ax in n.attrs.get("axes", [n.attrs.get("var")]) for a in self.s.atoms(ax)]
             renamed = {v: sub[v].vars[0] for v in bound if self.rename_bound and v in sub}
@@ -348,7 +348,7 @@ class Rebuilder:
                 out = self.reduce(n.attrs["kind"], out, renamed.get(v, v), n.dtype)
         else:
             args = tuple(self.rebuild(a, sub) if isinstance(a, LNode) else a for a in n.args)
-            out = self.cons_node(n.op, args, n.dtype, var_union(*(a.vars for a in args if isinstance(a, LNode))), dict(n.attrs))
+            out = self.table.get(n.op, args, n.dtype, var_union(*(a.vars for a in args if isinstance(a, LNode))), dict(n.attrs))
         self.memo[key] = out
         return out
 
@@ -356,26 +356,8 @@ class Rebuilder:
         if v not in x.vars:
             if kind != "sum":
                 return x
-            return self.cons_node("mul", (x, float(v.extent) if dtype.is_floating_point else v.extent), dtype, x.vars, {})
-        return self.cons_node("reduce", (x,), dtype, tuple(w for w in x.vars if w is not v), {"kind": kind, "var": v})
-
-    def cons_node(self, op, args, dtype, vars_, attrs) -> LNode:
-        key = (op, tuple(id(a) if isinstance(a, LNode) else ("s", type(a).__name__, a) for a in args), dtype,
-               tuple(sorted((k, _hashable(v)) for k, v in attrs.items())))
-        hit = self.cons.get(key)
-        if hit is None:
-            hit = self.cons[key] = LNode(op, args, dtype, vars_, attrs)
-        return hit
-
-
-def _hashable(v):
-    if isinstance(v, (list, tuple)):
-        return tuple(_hashable(x) for x in v)
-    if isinstance(v, Var):
-        return ("var", v.id)
-    if isinstance(v, float) and v != v:
-        return "nan"
-    return v
+            return self.table.get("mul", (x, float(v.extent) if dtype.is_floating_point else v.extent), dtype, x.vars, {})
+        return self.table.get("reduce", (x,), dtype, tuple(w for w in x.vars if w is not v), {"kind": kind, "var": v})
 
 
 def to_loops(g: Graph) -> tuple[LoopGraph, list[torch.Tensor]]:
