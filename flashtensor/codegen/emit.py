@@ -139,9 +139,10 @@ class _Emitter:
         """Whether some tile of v reaches past its extent."""
         return v.extent % self.blk[v] != 0 if v in (self.s.row, self.s.loop) else self.blk[v] != v.extent
 
-    def range_mask(self, tv: list[Var], loop_pred: bool) -> Optional[str]:
-        conds = [f"({self.idx(v, tv)} < {v.extent})" for v in tv
-                 if self.partial(v) or (v is self.s.loop and loop_pred)]
+    def range_mask(self, tv: list[Var]) -> Optional[str]:
+        """Bounds test for a tile that can reach past an extent. Loop ranges start at multiples of the
+        loop block, so a loop variable whose extent the block divides never needs one."""
+        conds = [f"({self.idx(v, tv)} < {v.extent})" for v in tv if self.partial(v)]
         return " & ".join(conds) if conds else None
 
     def buffer(self, key, shape, dtype, kind, written: bool = False) -> str:
@@ -206,7 +207,7 @@ class _Emitter:
         if n in self.s.boundary:
             buf, strides = self.intermediate(n, written=False)
             off = " + ".join(f"{self.idx(v, tv)} * {st}" for v, st in strides.items()) or "0"
-            mask = self.range_mask(tv, True)
+            mask = self.range_mask(tv)
             lines.append(f"{out} = tl.load({buf} + {off}" + (f", mask={mask}, other=0)" if mask else ")"))
             return out, tv
         if op == "load":
@@ -214,7 +215,7 @@ class _Emitter:
             buf = self.buffer(("in", n.attrs["input"]), shape, dtype, "input")
             strides = _contig(shape)
             off = " + ".join(f"{self.affine(e, tv)} * {st}" for e, st in zip(n.attrs["index"], strides)) or "0"
-            mask = self.range_mask(tv, ctx is None or not ctx.unpredicated)
+            mask = self.range_mask(tv)
             lines.append(f"{out}_raw = tl.load({buf} + {off}" + (f", mask={mask}, other=0)" if mask else ")"))
             if dtype in _HALF:
                 lines.append(f"{out} = {out}_raw.to(tl.float32)")
@@ -268,6 +269,39 @@ class _Emitter:
         if op == "reduce":
             return self.tile_reduce(n, ctx, lines, out)
         raise ScheduleError(f"no Triton lowering for op '{op}'")
+
+    def scaled(self, x, ctx: "_Body") -> tuple:
+        """(y, c) with x equal to y * c on this body's tiles for a positive constant c, else (x, 1.0).
+        A running max of x is then c times the max of y (exact: rounding is monotone), and x's multiply
+        is left with one use, the exponent's subtraction, which the compiler fuses with it."""
+        y = x
+        while isinstance(y, LNode):
+            if y.op == "cast" and y.dtype.is_floating_point and y.args[0].dtype.is_floating_point \
+                    and not (self.faithful and y.dtype in _HALF):
+                y = y.args[0]          # emitted as no instruction
+                continue
+            zero = [i for i, a in enumerate(y.args) if y.op in ("add", "sub") and ctx.unpredicated
+                    and (i == 1 or y.op == "add") and self.constant(a) == 0]
+            other = y.args[1 - zero[0]] if zero else None
+            if not (isinstance(other, LNode) and other.dtype == y.dtype):
+                break
+            y = other                  # x + 0 on these tiles: a copy
+        if not isinstance(y, LNode) or y.op != "mul" or (self.faithful and y.dtype in _HALF):
+            return x, 1.0
+        for i in (0, 1):
+            c, other = self.constant(y.args[i]), y.args[1 - i]
+            if isinstance(c, float) and 0 < c < math.inf and isinstance(other, LNode):
+                return other, c
+        return x, 1.0
+
+    def constant(self, a):
+        """The value of a literal, a scalar node, or a node constant on tiles wholly inside the live region."""
+        if not isinstance(a, LNode):
+            return float(a) if isinstance(a, (int, float)) and not isinstance(a, bool) else None
+        if a.op == "scalar":
+            return self.constant(a.attrs["value"])
+        v = self.s.live_constant(a)
+        return self.constant(v) if v is not None else None
 
     def rounded(self, n: LNode, expr: str) -> str:
         """Round like eager where the node is half precision, in programs with float32 outputs computed
@@ -362,7 +396,7 @@ class _Emitter:
                 raise ScheduleError("an output is broadcast along a variable its value does not depend on")
         dtype = self.bufs[r if out is None else out].dtype
         off = " + ".join(f"{self.idx(v, tv)} * {strides[v]}" for v in r.vars) or "0"
-        mask = self.range_mask(tv, False)
+        mask = self.range_mask(tv)
         val = e if tv or e.isidentifier() else f"tl.full([], {e}, tl.float32)"
         val = f"{val}.to({_TL[dtype]})"
         if tv:
@@ -550,22 +584,26 @@ def _loop_body(em: _Emitter, ctx: _Body, accs: list[Accum], running: dict) -> No
     """One tile step: running maxima first, then every accumulator of the pass."""
     s = em.s
     L = s.loop
-    pred = not ctx.unpredicated
+    pred = not ctx.unpredicated and em.partial(L)    # bounds tests on the loop variable
     news = {}
     for a in accs:
         if a.kind in ("max", "min"):
             x = a.node.args[0]
             xt = em.tvars(x)
-            e = em.arg(x, xt, ctx)
+            base, scale = em.scaled(x, ctx)
+            e = em.arg(base, xt, ctx)
             if pred:
                 e = f"tl.where({em.idx(L, xt)} < {L.extent}, {e}, {_lit(IDENTITY[a.kind])})"
             fn = "max" if a.kind == "max" else "min"
             new = f"new_{a.node.name}"
+            red = f"tl.{fn}({e}, axis={xt.index(L)})" if a.node in em.nan_free else \
+                f"tl.reduce({e}, {xt.index(L)}, {_NAN_REDUCE[a.kind]})"
+            if scale != 1.0:
+                red = f"{red} * {_lit(scale)}"
             if a.node in em.nan_free:
-                ctx.lines.append(f"{new} = tl.{fn}imum({running[a.node]}, tl.{fn}({e}, axis={xt.index(L)}))")
+                ctx.lines.append(f"{new} = tl.{fn}imum({running[a.node]}, {red})")
             else:
-                ctx.lines.append(f"{new} = tl.{fn}imum({running[a.node]}, tl.reduce({e}, {xt.index(L)}, "
-                                 f"{_NAN_REDUCE[a.kind]}), propagate_nan=tl.PropagateNan.ALL)")
+                ctx.lines.append(f"{new} = tl.{fn}imum({running[a.node]}, {red}, propagate_nan=tl.PropagateNan.ALL)")
             safe = f"safe_{a.node.name}"
             ctx.lines.append(f"{safe} = tl.where({new} == {_lit(IDENTITY[a.kind])}, 0.0, {new})")
             ctx.running[a.node] = safe
