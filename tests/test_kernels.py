@@ -134,6 +134,34 @@ def test_own_variants(fn):
         assert "2 pass(es)" in report.properties[0].loop
 
 
+def row_threshold_counts(q, k, v, t):
+    """Per query, whether any key and how many keys get at least weight t: masked keys have p = 0, and
+    `0 >= t` depends on t, so masked tiles cannot be skipped; they run with p = 0 folded in."""
+    s = _scores(q, k) + torch.full((q.shape[1], k.shape[1]), float("-inf")).triu(k.shape[1] - q.shape[1] + 1)
+    p = torch.softmax(s, dim=-1)
+    return (p >= t).any(dim=-1), (p < t).float().sum(dim=-1)
+
+
+@pytest.mark.parametrize("q_len,kv_len", [(70, 70), (37, 101), (101, 64)])
+@pytest.mark.parametrize("fn", [W.corm, row_threshold_counts])
+def test_constant_folded_region_matches_eager(fn, q_len, kv_len):
+    """Tiles wholly inside the masked region run a body where p is the constant 0 (no q k^T there); the
+    threshold is negative in places so `0 >= t` is true on some masked tiles and false on others."""
+    g = torch.Generator().manual_seed(q_len + kv_len)
+    q = torch.randn(1, q_len, 2, 32, generator=g)
+    k, v = (torch.randn(1, kv_len, 2, 32, generator=g) for _ in range(2))
+    t = torch.rand(q_len, kv_len, generator=g) * 0.2 - 0.02
+    report = _run(fn, (q, k, v, t))
+    assert any(p.folded for p in report.properties), [str(p) for p in report.properties]
+    assert "constant-folded tiles:" in str(report)
+    if fn is W.corm:   # an inf key gives NaN probabilities in eager, where the folded body would say p = 0
+        k[0, kv_len - 3, 1, 5] = float("inf")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = ft.compile(fn)(q, k, v, t)
+        assert torch.equal(out[1], fn(q, k, v, t)[1])
+
+
 def test_report_lists_kernels():
     fn, args = W.make("h2o", device="cpu", dtype=torch.float32, S=64, H=2, D=32)
     report = _run(fn, args)

@@ -174,7 +174,7 @@ class _Emitter:
             lines, store = self.pre, self.cache_pre
         else:
             lines, store = ctx.lines, ctx.cache
-        const = self.s.live_constant(n) if (ctx is not None and ctx.unpredicated) else None
+        const = self.s.constant_on(n, ctx.region) if (ctx is not None and ctx.region) else None
         if const is not None:
             res = (_lit(const), [])
         else:
@@ -280,8 +280,8 @@ class _Emitter:
                     and not (self.faithful and y.dtype in _HALF):
                 y = y.args[0]          # emitted as no instruction
                 continue
-            zero = [i for i, a in enumerate(y.args) if y.op in ("add", "sub") and ctx.unpredicated
-                    and (i == 1 or y.op == "add") and self.constant(a) == 0]
+            zero = [i for i, a in enumerate(y.args) if y.op in ("add", "sub")
+                    and (i == 1 or y.op == "add") and self.constant(a, ctx.region) == 0]
             other = y.args[1 - zero[0]] if zero else None
             if not (isinstance(other, LNode) and other.dtype == y.dtype):
                 break
@@ -289,19 +289,28 @@ class _Emitter:
         if not isinstance(y, LNode) or y.op != "mul" or (self.faithful and y.dtype in _HALF):
             return x, 1.0
         for i in (0, 1):
-            c, other = self.constant(y.args[i]), y.args[1 - i]
+            c, other = self.constant(y.args[i], ctx.region), y.args[1 - i]
             if isinstance(c, float) and 0 < c < math.inf and isinstance(other, LNode):
                 return other, c
         return x, 1.0
 
-    def constant(self, a):
-        """The value of a literal, a scalar node, or a node constant on tiles wholly inside the live region."""
+    def constant(self, a, region: frozenset):
+        """The value of a literal, a scalar node, or a node constant on tiles where `region` holds."""
         if not isinstance(a, LNode):
             return float(a) if isinstance(a, (int, float)) and not isinstance(a, bool) else None
         if a.op == "scalar":
-            return self.constant(a.attrs["value"])
-        v = self.s.live_constant(a)
-        return self.constant(v) if v is not None else None
+            return self.constant(a.attrs["value"], region)
+        v = self.s.constant_on(a, region) if region else None
+        return self.constant(v, region) if v is not None else None
+
+    def full(self, e: str, xs, tv: list[Var], ctx: "_Body") -> str:
+        """`e`, computed from the values xs, as a tile over all of tv: constants in place of values that
+        vary along tv (a constant-folded body) would otherwise leave it without those axes."""
+        have = {v for x in xs if isinstance(x, LNode) for v in self.value(x, ctx)[1]}
+        if have >= set(tv):
+            return e
+        shape = ", ".join(str(self.blk[v]) for v in tv)
+        return f"(tl.zeros([{shape}], tl.float32) + {e})"
 
     def rounded(self, n: LNode, expr: str) -> str:
         """Round like eager where the node is half precision, in programs with float32 outputs computed
@@ -458,10 +467,11 @@ def _contig(shape) -> list[int]:
 
 
 class _Body:
-    """Code and value cache of one loop body (or one post-pass block)."""
+    """Code and value cache of one loop body (or one post-pass block). `region`: half-planes that hold on
+    all of its tiles (their facts' constants replace values); `bounds`: its tiles may pass the loop's extent."""
 
-    def __init__(self, pass_: int, unpredicated: bool, parent_cache: dict) -> None:
-        self.pass_, self.unpredicated = pass_, unpredicated
+    def __init__(self, pass_: int, region: frozenset, bounds: bool, parent_cache: dict) -> None:
+        self.pass_, self.region, self.bounds = pass_, region, bounds
         self.running: dict[LNode, str] = {}     # this pass's running maxima, as this body sees them
         self.lines: list[str] = []
         self.cache: dict[int, tuple[str, list[Var]]] = {}
@@ -490,13 +500,13 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
             init = _lit(IDENTITY[a.kind]) if a.kind != "any" else "0"
             dt = "tl.int32" if a.kind == "any" else "tl.float32"
             body.append(f"acc_{a.node.name} = tl.full([{shape}], {init}, {dt})" if shape else f"acc_{a.node.name} = {init}")
-        for lo, hi, unpred in segments:
-            ctx = _Body(p, unpred, {**em.cache_pre, **final_cache})
+        for lo, hi, region, bounds in segments:
+            ctx = _Body(p, region, bounds, {**em.cache_pre, **final_cache})
             _loop_body(em, ctx, accs, running)
             body.append(f"for l0 in range({lo}, {hi}, {em.blk[s.loop]}):")
             body.append(f"    o_{s.loop} = l0 + tl.arange(0, {em.blk[s.loop]})")
             body += ["    " + ln for ln in ctx.lines]
-        post = _Body(p + 1, False, {**em.cache_pre, **final_cache})
+        post = _Body(p + 1, frozenset(), False, {**em.cache_pre, **final_cache})
         for a in accs:
             e = f"acc_{a.node.name}"
             if a.kind == "any":
@@ -511,7 +521,7 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
         final_cache.update(post.cache)
     if s.loop is None and s.accums:
         raise ScheduleError("reductions without a loop variable")
-    store_ctx = _Body(s.passes, False, {**em.cache_pre, **final_cache})
+    store_ctx = _Body(s.passes, frozenset(), False, {**em.cache_pre, **final_cache})
     for r in s.plan.roots:
         for out in outputs.get(r, [None]):      # one node may be several program outputs
             em.store(r, out, store_ctx)
@@ -535,34 +545,33 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
     src = "import triton\nimport triton.language as tl\n\n" + _HELPERS + "\n\n@triton.jit\n" + "\n".join(lines) + "\n"
     grid1 = math.prod(v.extent for v in s.batch)
     blocks = {str(v): em.blk[v] for v in em.blk}
-    return KernelSource(name, src, buffers, (ntiles, grid1), num_warps, num_stages, blocks, bool(s.skip))
+    return KernelSource(name, src, buffers, (ntiles, grid1), num_warps, num_stages, blocks, bool(s.skip or s.special))
 
 
-def _segments(em: _Emitter) -> list[tuple[str, str, bool]]:
-    """Loop ranges: predicated head, unpredicated bulk, predicated tail; skipped tiles left out."""
-    s, bl = em.s, em.blk[em.s.loop]
-    L = s.loop
+def _segments(em: _Emitter) -> list[tuple[str, str, frozenset, bool]]:
+    """Loop ranges in order, each with the half-planes that hold on all its tiles and whether it needs
+    bounds tests: a predicated head, the bulk (wholly outside every skipped and special half-plane), a
+    predicated tail, and the tiles wholly inside the special half-plane before the head or after the
+    tail. Skipped tiles are left out."""
+    s, L = em.s, em.s.loop
+    bl = em.blk[L]
     lo, hi = ["0"], [str(L.extent)]
     ulo, uhi = ["0"], [str((L.extent // bl) * bl)]
-    for h in s.skip:
-        cl = h.coeff(L)
-        cr = h.coeff(s.row) if s.row is not None else 0
-        if cr:
-            r1 = f"(r0 + {em.blk[s.row] - 1})"
-            a, b = f"{cr} * r0", f"{cr} * {r1}"
-            kmin, kmax = f"(tl.minimum({a}, {b}) + {h.const})", f"(tl.maximum({a}, {b}) + {h.const})"
-        else:
-            kmin = kmax = str(h.const)
+    for h in s.skip + s.special:
+        cl, kmin, kmax = _span(em, h)
         if cl > 0:
-            hi.append(f"(tl.maximum(-{kmin}, 0) + {cl - 1}) // {cl}")
+            if h in s.skip:
+                hi.append(f"(tl.maximum(-{kmin}, 0) + {cl - 1}) // {cl}")
             uhi.append(f"((tl.maximum(-{kmax}, 0) + {cl - 1}) // {cl}) // {bl} * {bl}")
         else:
             d = -cl
-            lo.append(f"(tl.maximum({kmin} + {d}, 0) // {d}) // {bl} * {bl}")
+            if h in s.skip:
+                lo.append(f"(tl.maximum({kmin} + {d}, 0) // {d}) // {bl} * {bl}")
             ulo.append(f"((tl.maximum({kmax} + {d}, 0) // {d}) + {bl - 1}) // {bl} * {bl}")
-    if s.skip:
-        # skipping relies on finite inputs (x + -inf = -inf); the runtime passes a device flag, and with a
-        # non-finite input every tile is computed, predicated, as eager computes it (no host sync either way)
+    if s.skip or s.special:
+        # skipping and constant folding rely on finite inputs (x + -inf = -inf); the runtime passes a device
+        # flag, and with a non-finite input every tile is computed, predicated, as eager computes it (no host
+        # sync either way)
         flag = em.buffer(FINITE, (1,), torch.float32, "input")
         em.pre.append(f"tot = tl.load({flag})")
         em.pre.append("fin = ((tot - tot) == 0).to(tl.int32)")     # 0 when the inputs' total is NaN or inf
@@ -573,7 +582,29 @@ def _segments(em: _Emitter) -> list[tuple[str, str, bool]]:
         em.pre.append(f"hi = {L.extent}")
     em.pre.append(f"ua = tl.minimum(tl.maximum({_fold('tl.maximum', ulo)}, lo), hi)")
     em.pre.append(f"ub = tl.maximum(ua, {_fold('tl.minimum', uhi)})")
-    return [("lo", "ua", False), ("ua", "ub", True), ("ub", "hi", False)]
+    none, bulk = frozenset(), s.live
+    segs = [("lo", "ua", none, True), ("ua", "ub", bulk, False), ("ub", "hi", none, True)]
+    for h in s.special:
+        cl, kmin, _ = _span(em, h)
+        if cl > 0:      # from the first tile wholly inside h to the end
+            first = f"(((tl.maximum(-{kmin}, 0) + {cl - 1}) // {cl}) + {bl - 1}) // {bl} * {bl}"
+            em.pre.append(f"sp = hi - (hi - tl.minimum(tl.maximum({first}, ub), hi)) * fin")
+            segs = segs[:2] + [("ub", "sp", none, True), ("sp", "hi", frozenset([h]), True)]
+        else:           # from the start to the last tile wholly inside h
+            d = -cl
+            end = f"(tl.maximum({kmin} + {d}, 0) // {d}) // {bl} * {bl}"
+            em.pre.append(f"sp = lo + (tl.minimum(tl.maximum({end}, lo), ua) - lo) * fin")
+            segs = [("lo", "sp", frozenset([h]), True), ("sp", "ua", none, True)] + segs[1:]
+    return segs
+
+
+def _span(em: _Emitter, h: Affine) -> tuple[int, str, str]:
+    """h's loop coefficient and the least and greatest of its other terms over this program's row tile."""
+    cr = h.coeff(em.s.row) if em.s.row is not None else 0
+    if not cr:
+        return h.coeff(em.s.loop), str(h.const), str(h.const)
+    a, b = f"{cr} * r0", f"{cr} * (r0 + {em.blk[em.s.row] - 1})"
+    return h.coeff(em.s.loop), f"(tl.minimum({a}, {b}) + {h.const})", f"(tl.maximum({a}, {b}) + {h.const})"
 
 
 def _fold(fn: str, xs: list[str]) -> str:
@@ -584,14 +615,14 @@ def _loop_body(em: _Emitter, ctx: _Body, accs: list[Accum], running: dict) -> No
     """One tile step: running maxima first, then every accumulator of the pass."""
     s = em.s
     L = s.loop
-    pred = not ctx.unpredicated and em.partial(L)    # bounds tests on the loop variable
+    pred = ctx.bounds and em.partial(L)    # bounds tests on the loop variable
     news = {}
     for a in accs:
         if a.kind in ("max", "min"):
             x = a.node.args[0]
             xt = em.tvars(x)
             base, scale = em.scaled(x, ctx)
-            e = em.arg(base, xt, ctx)
+            e = em.full(em.arg(base, xt, ctx), [base], xt, ctx)
             if pred:
                 e = f"tl.where({em.idx(L, xt)} < {L.extent}, {e}, {_lit(IDENTITY[a.kind])})"
             fn = "max" if a.kind == "max" else "min"
@@ -619,7 +650,7 @@ def _loop_body(em: _Emitter, ctx: _Body, accs: list[Accum], running: dict) -> No
         if a.kind == "any":
             x = a.node.args[0]
             xt = em.tvars(x)
-            e = f"({em.arg(x, xt, ctx)} != 0)"
+            e = f"({em.full(em.arg(x, xt, ctx), [x], xt, ctx)} != 0)"
             if pred:
                 e = f"({e} & ({em.idx(L, xt)} < {L.extent}))"
             ctx.lines.append(f"{acc} = tl.maximum({acc}, tl.max({e}.to(tl.int32), axis={xt.index(L)}))")
@@ -633,7 +664,7 @@ def _loop_body(em: _Emitter, ctx: _Body, accs: list[Accum], running: dict) -> No
         xt = [v for v in s.order if any(isinstance(f, LNode) and v in f.vars for f, _ in a.kept)]
         if L not in xt:
             raise ScheduleError(f"{a.node.name}: summand does not vary along the loop")
-        e = em.product(a.kept, xt, ctx, ctx.lines)
+        e = em.full(em.product(a.kept, xt, ctx, ctx.lines), [f for f, _ in a.kept], xt, ctx)
         if pred:
             e = f"tl.where({em.idx(L, xt)} < {L.extent}, {e}, 0.0)"
         ctx.lines.append(f"{acc} = {acc}{alpha} + tl.sum({e}, axis={xt.index(L)})")

@@ -6,7 +6,9 @@ applies: a factor that does not vary along the loop moves out of the sum, and a 
 exp(y - d) (or exp2) on a running max d is corrected by exp(d_old - d_new) whenever d moves.
 Otherwise it waits for a later pass over the loop. Tiles where every reduction of a pass
 provably adds its identity are skipped; tiles wholly inside the live region drop the
-predicate.
+predicate. Where values are known constants but a reduction still sees something there
+(CORM's `p >= thresh` with p = 0 in the masked region), tiles wholly inside that region
+get a body with the constants in place, so what only feeds them is never computed.
 """
 from __future__ import annotations
 
@@ -53,6 +55,7 @@ class Schedule:
     facts: Facts
     roles: Roles
     dots: dict[LNode, tuple]      # sum reductions emitted as tl.dot: node -> (A factors, B factors, K)
+    special: list[Affine] = field(default_factory=list)   # at most one half-plane with a constant-folded body
 
     @property
     def order(self) -> list[Var]:
@@ -62,11 +65,15 @@ class Schedule:
     def tile_vars(self, n: LNode) -> list[Var]:
         return [v for v in self.order if v in n.vars]
 
-    def live_constant(self, n: LNode):
-        """The constant `n` takes on tiles wholly inside the live region, if the facts give one."""
-        live = {negate(h) for h in self.skip}
-        for region, value in self.facts.of(n):
-            if region and set(region) <= live:
+    @property
+    def live(self) -> frozenset:
+        """Half-planes that hold on the bulk's tiles (wholly outside every skipped and special one)."""
+        return frozenset(negate(h) for h in self.skip + self.special)
+
+    def constant_on(self, n: LNode, region: frozenset):
+        """The constant `n` takes on tiles where every half-plane of `region` holds, if the facts give one."""
+        for reg, value in self.facts.of(n):
+            if reg and set(reg) <= region:
                 return value
         return None
 
@@ -254,3 +261,27 @@ def _carry(sched: Schedule, compute: list[LNode], boundary: set[LNode], loop: Va
               and loop in reg[0].vars and set(reg[0].vars) <= allowed}
         common = hs if common is None else common & hs
     sched.skip = sorted(common or [], key=str)
+    sched.special = _special(sched, compute, loop, allowed)
+
+
+def _special(sched: Schedule, compute: list[LNode], loop: Var, allowed: set) -> list[Affine]:
+    """The half-plane over (row, loop), neither skipped nor the bulk's, on which the facts make the most
+    loop-varying values that read data (not only indices) constant; none when there is no such plane."""
+    known = set(sched.skip) | {negate(h) for h in sched.skip}
+    data: dict[int, bool] = {}
+
+    def reads_data(n) -> bool:
+        if not isinstance(n, LNode):
+            return False
+        if id(n) not in data:
+            data[id(n)] = n.op in ("load", "reduce") or n in sched.boundary or any(reads_data(a) for a in n.args)
+        return data[id(n)]
+
+    count: dict[Affine, int] = {}
+    for n in compute:
+        if loop in n.vars and reads_data(n):
+            for reg, _ in sched.facts.of(n):
+                h = reg[0] if len(reg) == 1 else None
+                if h is not None and loop in h.vars and set(h.vars) <= allowed and h not in known:
+                    count[h] = count.get(h, 0) + 1
+    return [max(count, key=lambda h: (count[h], str(h)))] if count else []

@@ -36,6 +36,7 @@ class KernelProperties:
     roles: list[str]            # one line per loop variable
     loop: str                   # the loop variable and how its reductions are carried
     skipped: list[str]          # regions whose tiles the loop skips
+    folded: list[str]           # regions whose tiles run a body with the facts' constants in place
 
 
 class Report:
@@ -61,7 +62,7 @@ class Report:
             self.properties.append(KernelProperties(
                 k.name, s.roles.describe() + [f"{v}<{v.extent}>: batch (grid axis 1)" for v in s.batch],
                 f"loop over {s.loop} in {s.passes} pass(es): " + ("; ".join(carried) or "no reductions"),
-                [f"{h} >= 0" for h in s.skip]))
+                [f"{h} >= 0" for h in s.skip], [f"{h} >= 0" for h in s.special]))
 
     def __str__(self) -> str:
         p = self.program
@@ -73,6 +74,8 @@ class Report:
             parts += ["roles:"] + [f"  {r}" for r in props.roles]
             parts += [f"carried: {props.loop}"]
             parts += ["skipped tiles: " + (", ".join(props.skipped) or "none")]
+            if props.folded:
+                parts += ["constant-folded tiles: " + ", ".join(props.folded)]
             parts += ["reads: " + ", ".join(f"{t.name}{list(t.shape)} {t.kind}" for t in k.inputs)]
             parts += ["writes: " + ", ".join(f"{t.name}{list(t.shape)} {t.kind}" for t in k.outputs)]
             parts += ["", k.triton_source]
