@@ -8,6 +8,7 @@ import torch
 
 import flashtensor as ft
 from flashtensor import workloads
+from flashtensor.frontend.capture import CaptureError
 from flashtensor.pipeline import FallbackWarning
 
 from conftest import as_tuple, assert_close
@@ -187,3 +188,27 @@ def test_dtype_and_shape_changes_between_calls_replan():
         assert all(o.dtype == r.dtype for o, r in zip(out, workloads.h2o(*args)))
         assert_close(out, workloads.h2o(*args))
     assert len(c.programs) == 3
+
+
+def test_in_place_write_to_an_intermediate_is_seen_by_later_reads():
+    """`s[..., :5, :] = -inf` after the scores: eager's softmax reads the written value (NaN rows, so every
+    column sum is NaN); a capture that lost the write would return finite sums."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 40, 2, 16, generator=g) for _ in range(3))
+
+    def fn(q, k, v):
+        s = q.transpose(1, 2) @ k.transpose(1, 2).transpose(-2, -1) + torch.full((40, 40), float("-inf")).triu(1)
+        s[..., :5, 30:] = 1e4
+        return torch.softmax(s, dim=-1).sum(dim=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = ft.compile(fn)(q, k, v)
+    assert_close(out, fn(q, k, v))
+
+
+def test_writing_into_an_input_is_a_precise_error():
+    def fn(q, k):
+        q.mul_(2.0)
+        return q @ k.transpose(-2, -1)
+    with pytest.raises(CaptureError, match="writes into its input"):
+        ft.compile(fn)(torch.randn(4, 8), torch.randn(4, 8))

@@ -162,6 +162,21 @@ def test_constant_folded_region_matches_eager(fn, q_len, kv_len):
         assert torch.equal(out[1], fn(q, k, v, t)[1])
 
 
+def test_column_sums_fold_the_row_normaliser_into_the_exponent():
+    """exp2(x - m) / l with per-row m and l >= 0 is emitted as exp2(x - (m + log2 l)); fully masked rows
+    (l = 0, m = -inf) still give eager's NaN."""
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(1, 77, 2, 32, generator=g) for _ in range(3))
+
+    def fn(q, k, v):
+        s = _scores(q, k) + torch.full((77, 77), float("-inf")).triu(1)
+        s = s.masked_fill(torch.arange(77)[:, None] < 5, float("-inf"))   # the first five queries see no key
+        return torch.softmax(s, dim=-1).sum(dim=2)
+    report = _run(fn, (q, k, v))
+    assert any("tl.log2(" in k.triton_source for k in report.kernels)
+    assert torch.isnan(ft.compile(fn)(q, k, v)).all() == torch.isnan(fn(q, k, v)).all()
+
+
 def test_report_lists_kernels():
     fn, args = W.make("h2o", device="cpu", dtype=torch.float32, S=64, H=2, D=32)
     report = _run(fn, args)

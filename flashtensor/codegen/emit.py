@@ -245,6 +245,9 @@ class _Emitter:
         if op in _UN:
             lines.append(f"{out} = " + self.rounded(n, _UN[op].format(self.arg(n.args[0], tv, ctx))))
             return out, tv
+        if op == "div" and (folded := self.exp_over(n.args[0], n.args[1], tv, ctx, lines)) is not None:
+            lines.append(f"{out} = " + self.rounded(n, folded))
+            return out, tv
         if op == "div" and isinstance(n.args[1], LNode) and len(self.tvars(n.args[1])) < len(tv):
             # divide once per element of the thinner operand, multiply per element of the tile
             rcp = self.fresh("rcp")
@@ -306,11 +309,39 @@ class _Emitter:
     def full(self, e: str, xs, tv: list[Var], ctx: "_Body") -> str:
         """`e`, computed from the values xs, as a tile over all of tv: constants in place of values that
         vary along tv (a constant-folded body) would otherwise leave it without those axes."""
-        have = {v for x in xs if isinstance(x, LNode) for v in self.value(x, ctx)[1]}
+        have = {v for x in xs for v in self.varies(x, ctx.region)}
         if have >= set(tv):
             return e
         shape = ", ".join(str(self.blk[v]) for v in tv)
         return f"(tl.zeros([{shape}], tl.float32) + {e})"
+
+    def varies(self, x, region: frozenset) -> set:
+        """The variables x's value varies along on tiles where `region` holds (its facts' constants do not)."""
+        if not isinstance(x, LNode) or x.op == "scalar" or (region and self.s.constant_on(x, region) is not None):
+            return set()
+        if x.op in ("load", "iota") or x in self.s.boundary or (x.op == "reduce" and x in self.s.accums):
+            return set(self.tvars(x))
+        return set(self.tvars(x)) & {v for a in x.args for v in self.varies(a, region)}
+
+    def exp_over(self, e, d, tv: list[Var], ctx, lines: list[str]) -> Optional[str]:
+        """exp2(x - m) / d, with m and d over fewer variables than the tile and d >= 0, as
+        exp2(x - (m + log2 d)): per element one subtraction the compiler fuses with x's scaling, in
+        place of a multiply after the exponential. d = 0 or +inf give what the division gives."""
+        if not (isinstance(e, LNode) and e.op == "exp2" and isinstance(e.args[0], LNode) and e.args[0].op == "sub"
+                and isinstance(d, LNode) and _nonnegative(d)) or ctx is None:
+            return None
+        if self.faithful and (e.dtype in _HALF or e.args[0].dtype in _HALF):
+            return None
+        if ctx.region and self.s.constant_on(e, ctx.region) is not None:
+            return None
+        x, m = e.args[0].args
+        mv, dv = (self.tvars(m) if isinstance(m, LNode) else []), self.tvars(d)
+        if len(dv) >= len(tv) or len(mv) >= len(tv) or (mv and dv != mv) or self.deps_acc(d) or \
+                (isinstance(m, LNode) and self.deps_acc(m)):
+            return None
+        lse = self.fresh("lse")
+        lines.append(f"{lse} = {self.arg(m, dv, ctx)} + tl.log2({self.arg(d, dv, ctx)})")
+        return f"tl.exp2({self.arg(x, tv, ctx)} - {self.bcast(lse, dv, tv)})"
 
     def rounded(self, n: LNode, expr: str) -> str:
         """Round like eager where the node is half precision, in programs with float32 outputs computed
@@ -416,10 +447,18 @@ class _Emitter:
     def product(self, factors, tv: list[Var], ctx, lines: list[str]) -> str:
         """Product of factors over tile tv. A divisor over fewer variables than the tile is inverted once
         per element of its own tile and multiplied in: a division per tile element costs far more."""
-        num = [self.arg(f, tv, ctx) for f, p in factors if p > 0]
+        factors = list(factors)
+        num = []
+        for i, (d, p) in enumerate(factors):
+            for j, (e, q) in enumerate(factors):
+                if p < 0 and q > 0 and (folded := self.exp_over(e, d, tv, ctx, lines)) is not None:
+                    num.append(folded)
+                    factors[i] = factors[j] = (1.0, 0)
+                    break
+        num += [self.arg(f, tv, ctx) for f, p in factors if p > 0]
         den = []
         for f, p in factors:
-            if p > 0:
+            if p >= 0:
                 continue
             have = self.tvars(f) if isinstance(f, LNode) else []
             if len(have) < len(tv):
@@ -439,6 +478,21 @@ def _identity_operand(op: str, a: str, b: str) -> Optional[int]:
     if op in ("add", "mul") and a == ("0.0" if op == "add" else "1.0"):
         return 1
     return None
+
+
+def _nonnegative(x) -> bool:
+    """x >= 0 (or NaN) wherever it is defined: exponentials, and sums, products, casts and selects of such."""
+    if not isinstance(x, LNode):
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0
+    if x.op in ("exp", "exp2"):
+        return True
+    if x.op == "scalar":
+        return _nonnegative(x.attrs["value"])
+    if x.op == "reduce":
+        return x.attrs["kind"] in ("sum", "max", "min") and _nonnegative(x.args[0])
+    if x.op in ("mul", "add", "cast", "div"):
+        return all(_nonnegative(a) for a in x.args)
+    return x.op == "where" and all(_nonnegative(a) for a in x.args[1:])
 
 
 def _zero_or_inf(x) -> bool:

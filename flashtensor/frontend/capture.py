@@ -62,9 +62,16 @@ def trace(fn: Callable, args: Sequence[torch.Tensor]) -> tuple[torch.fx.GraphMod
             return fn(*a)
 
     try:
-        gm = make_fx(wrapped, tracing_mode="fake", _allow_non_fake_inputs=True)(*args)
+        # functionalized: an in-place write (`s[..., :5, :] = -inf`) becomes a new value that later reads
+        # see, where the IR's pure nodes would otherwise keep reading the value from before the write
+        gm = make_fx(torch.func.functionalize(wrapped, remove="mutations"), tracing_mode="fake",
+                     _allow_non_fake_inputs=True)(*args)
     except Exception as e:  # data-dependent control flow, unsupported Python, ...
         raise CaptureError(f"could not trace {getattr(fn, '__name__', fn)}: {type(e).__name__}: {e}") from e
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target == aten.copy_.default and n.args[0].op == "placeholder":
+            raise CaptureError(f"{getattr(fn, '__name__', fn)} writes into its input {n.args[0].name}; FlashTensor "
+                               "compiles functions that return new tensors (call this one directly)")
     return gm, rec.calls
 
 
