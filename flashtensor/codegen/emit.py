@@ -70,7 +70,8 @@ class Buffer:
     written: bool = False      # the kernel stores into it
 
 
-FINITE = ("finite",)   # buffer key of the device flag: finite when every floating input is finite
+FINITE = ("finite",)   # buffer key of the finite-check flag: zeroed per call, NaN once a check finds a non-finite input
+CHECK_BLOCK = 2048      # elements per step of the finite check
 
 
 @dataclass
@@ -82,7 +83,9 @@ class KernelSource:
     num_warps: int
     num_stages: int
     blocks: dict[str, int] = field(default_factory=dict)
-    assumes_finite: bool = False   # it skips tiles by value facts that hold for finite inputs: reads the FINITE flag
+    assumes_finite: bool = False   # it skips tiles by value facts that hold for finite inputs
+    check_programs: int = 0        # programs first along grid axis 0 that check the inputs (first kernel only)
+    fixup: bool = False            # relaunched with MODE=1 after the plan: recomputes unless the check passed
 
 
 class _Emitter:
@@ -537,11 +540,19 @@ class _Body:
 
 def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: int = 128, block_loop: int = 64,
                 num_warps: int = 4, num_stages: int = 2, faithful: bool = False,
-                nan_free: frozenset = frozenset(), loaded_later: frozenset = frozenset()) -> KernelSource:
+                nan_free: frozenset = frozenset(), loaded_later: frozenset = frozenset(),
+                slots: int = 0, check: tuple = ()) -> KernelSource:
     """Triton source for schedule `s`. `outputs` maps a root to its program outputs (others are intermediates).
     `faithful` rounds half-precision values as eager does (see `_Emitter.rounded`); reductions in `nan_free`
     use the fast max that skips NaN (analysis.facts.nan_absorbing_maxima says where that is exact); roots in
-    `loaded_later` are also stored as intermediates, in the layout later kernels read."""
+    `loaded_later` are also stored as intermediates, in the layout later kernels read.
+
+    Skipping and constant folding assume finite inputs. In a plan with `slots` > 0 the kernel runs twice:
+    with MODE=0 it assumes them (and, with `check` naming the floating program inputs, `slots` extra
+    programs first along grid axis 0 sum x * 0 over a share of them and set the zeroed flag to NaN when
+    that is not 0); with MODE=1, after the whole plan, it returns at once when the flag is 0 and otherwise
+    recomputes every tile as eager does. The check runs beside the kernel's own programs and nothing
+    waits for it: no host sync, no extra pass over the inputs before the kernels."""
     em = _Emitter(s, inputs, block_row, block_loop, faithful, nan_free)
     body: list[str] = []
     final_cache: dict[int, tuple[str, list[Var]]] = {}
@@ -582,12 +593,15 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
         if r in outputs and r in loaded_later:   # a program output another kernel also reads
             em.store(r, None, store_ctx)
     body += store_ctx.lines
+    grid1 = math.prod(v.extent for v in s.batch)
+    checkers = (-(-slots // grid1) if check else 0) if slots else 0
+    prog = _guard(em, checkers if check else int(slots > 0), check, grid1)
     buffers = list(em.bufs.values())
-    head = [f"def {name}({', '.join(b.name for b in buffers)}):"]
-    prog = []
+    head = [f"def {name}({', '.join(b.name for b in buffers)}, MODE: tl.constexpr):"]
     ntiles = -(-s.row.extent // em.blk[s.row]) if s.row is not None else 1
     if s.row is not None:
-        prog.append(f"r0 = ({ntiles - 1} - tl.program_id(0)) * {em.blk[s.row]}")   # heaviest tiles first
+        tile = f"(tl.program_id(0) - {checkers} * (1 - MODE))" if checkers else "tl.program_id(0)"
+        prog.append(f"r0 = ({ntiles - 1} - {tile}) * {em.blk[s.row]}")   # heaviest tiles first
         prog.append(f"o_{s.row} = r0 + tl.arange(0, {em.blk[s.row]})")
     rest = "tl.program_id(1)"
     for v in reversed(s.batch):
@@ -597,9 +611,9 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
         prog.append(f"o_{v} = tl.arange(0, {em.blk[v]})")
     lines = head + ["    " + ln for ln in prog + em.pre + body]
     src = "import triton\nimport triton.language as tl\n\n" + _HELPERS + "\n\n@triton.jit\n" + "\n".join(lines) + "\n"
-    grid1 = math.prod(v.extent for v in s.batch)
     blocks = {str(v): em.blk[v] for v in em.blk}
-    return KernelSource(name, src, buffers, (ntiles, grid1), num_warps, num_stages, blocks, bool(s.skip or s.special))
+    return KernelSource(name, src, buffers, (ntiles, grid1), num_warps, num_stages, blocks, bool(s.skip or s.special),
+                        checkers, slots > 0)
 
 
 def _segments(em: _Emitter) -> list[tuple[str, str, frozenset, bool]]:
@@ -623,12 +637,8 @@ def _segments(em: _Emitter) -> list[tuple[str, str, frozenset, bool]]:
                 lo.append(f"(tl.maximum({kmin} + {d}, 0) // {d}) // {bl} * {bl}")
             ulo.append(f"((tl.maximum({kmax} + {d}, 0) // {d}) + {bl - 1}) // {bl} * {bl}")
     if s.skip or s.special:
-        # skipping and constant folding rely on finite inputs (x + -inf = -inf); the runtime passes a device
-        # flag, and with a non-finite input every tile is computed, predicated, as eager computes it (no host
-        # sync either way)
-        flag = em.buffer(FINITE, (1,), torch.float32, "input")
-        em.pre.append(f"tot = tl.load({flag})")
-        em.pre.append("fin = ((tot - tot) == 0).to(tl.int32)")     # 0 when the inputs' total is NaN or inf
+        # skipping and constant folding rely on finite inputs (x + -inf = -inf): `fin` is 0 in the fixup
+        # pass, where every tile is computed, predicated, as eager computes it (see emit_kernel)
         em.pre.append(f"lo = {_fold('tl.maximum', lo)} * fin")
         em.pre.append(f"hi = {L.extent} - ({L.extent} - {_fold('tl.minimum', hi)}) * fin")
     else:
@@ -650,6 +660,36 @@ def _segments(em: _Emitter) -> list[tuple[str, str, frozenset, bool]]:
             em.pre.append(f"sp = lo + (tl.minimum(tl.maximum({end}, lo), ua) - lo) * fin")
             segs = [("lo", "sp", frozenset([h]), True), ("sp", "ua", none, True)] + segs[1:]
     return segs
+
+
+def _guard(em: _Emitter, checkers: int, check: tuple, grid1: int) -> list[str]:
+    """Kernel prologue for the finite check and the fixup pass (see emit_kernel)."""
+    if not checkers:
+        return ["fin = 1"]
+    flag = em.buffer(FINITE, (1,), torch.float32, "intermediate", written=bool(check))
+    out = []
+    if check:
+        slots = checkers * grid1
+        out += ["if MODE == 0:", f"    if tl.program_id(0) < {checkers}:     # a checking program",
+                f"        slot = tl.program_id(0) * {grid1} + tl.program_id(1)",
+                f"        chk = tl.zeros([{CHECK_BLOCK}], tl.float32)"]
+        for i in check:
+            shape, dtype = em.inputs[i]
+            n = math.prod(shape)
+            per = -(-n // (slots * CHECK_BLOCK)) * CHECK_BLOCK
+            buf = em.buffer(("in", i), shape, dtype, "input")
+            out += [f"        for off in range(slot.to(tl.int64) * {per}, tl.minimum((slot.to(tl.int64) + 1) * {per}, {n}), {CHECK_BLOCK}):",
+                    f"            o = off + tl.arange(0, {CHECK_BLOCK})",
+                    f"            chk += tl.load({buf} + o, mask=o < {n}, other=0).to(tl.float32) * 0.0"]
+        out += ["        if tl.sum(chk, 0) != 0:     # NaN: some value here is NaN or inf",
+                f"            tl.store({flag}, float(\"nan\"))", "        return"]
+    out += ["if MODE == 1:     # the fixup pass",
+            f"    if tl.load({flag}) == 0:     # every input finite: the first pass was exact",
+            "        return",
+            "    fin = 0",
+            "else:",
+            "    fin = 1"]
+    return out
 
 
 def _span(em: _Emitter, h: Affine) -> tuple[int, str, str]:

@@ -45,9 +45,13 @@ class Launch:
     fn: object
     ms: float = 0.0          # the tuner's median time on the device (0 where nothing was timed)
 
-    def __call__(self, buffers: dict) -> None:
+    def __call__(self, buffers: dict, fixup: bool = False) -> None:
+        """MODE=0: the kernel's programs plus, in the first kernel, those that check the inputs; MODE=1:
+        the fixup pass (codegen.emit.emit_kernel says what it does)."""
         args = [buffers[b.source] for b in self.source.buffers]
-        self.fn[self.source.grid](*args, num_warps=self.source.num_warps, num_stages=self.source.num_stages)
+        g0, g1 = self.source.grid
+        grid = (g0, g1) if fixup else (g0 + self.source.check_programs, g1)
+        self.fn[grid](*args, MODE=int(fixup), num_warps=self.source.num_warps, num_stages=self.source.num_stages)
 
 
 def input_buffers(inputs: Sequence[torch.Tensor]) -> dict:
@@ -56,29 +60,22 @@ def input_buffers(inputs: Sequence[torch.Tensor]) -> dict:
 
 
 def allocate(source: KernelSource, buffers: dict, device) -> None:
-    """Create the outputs and intermediates `source` writes that `buffers` does not hold yet, and the
-    finite-inputs flag when it reads that."""
+    """Create the outputs, intermediates and finite-check slots `source` uses that `buffers` does not hold yet."""
     for b in source.buffers:
         if b.source == FINITE and FINITE not in buffers:
-            buffers[FINITE] = finite_flag([t for key, t in buffers.items() if isinstance(key, tuple) and key[0] == "in"])
+            buffers[FINITE] = torch.zeros(b.shape, dtype=b.dtype, device=device)
         elif b.source not in buffers:
             buffers[b.source] = torch.empty(b.shape, dtype=b.dtype, device=device)
 
 
-def finite_flag(inputs: Sequence[torch.Tensor]) -> torch.Tensor:
-    """A float32 [1] device tensor that is finite exactly when no floating input holds NaN or inf: the
-    float32 sum of their sums (an overflowing sum only costs the skipped tiles). Kernels test it
-    themselves, so there is no host sync; one reduction per input plus one launch."""
-    sums = [t.sum(dtype=torch.float32).reshape(1) for t in inputs if t.is_floating_point() and t.numel()]
-    if not sums:
-        return torch.zeros(1, dtype=torch.float32, device=inputs[0].device if inputs else None)
-    return sums[0] if len(sums) == 1 else torch.cat(sums).sum().reshape(1)
-
-
 def run_kernels(launches: Sequence[Launch], inputs: Sequence[torch.Tensor], device) -> dict:
-    """Allocate intermediates and outputs, launch every kernel; returns all buffers by key."""
+    """Allocate intermediates and outputs, launch every kernel, then the fixup pass where the plan has one
+    (it returns at once unless an input was not finite); returns all buffers by key."""
     buffers = input_buffers(inputs)
     for la in launches:
         allocate(la.source, buffers, device)
         la(buffers)
+    for la in launches:
+        if la.source.fixup:
+            la(buffers, fixup=True)
     return buffers
