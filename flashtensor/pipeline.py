@@ -226,18 +226,23 @@ def _tune_kernels(loops: LoopGraph, schedules: list[Schedule], faithful: bool, n
     for o in loops.outputs:
         owner.setdefault(o.node, []).append(o)
     loaded = frozenset(n for s in schedules for n in s.plan.loads)
-    # the finite check (codegen.emit.emit_kernel): programs that each read about CHECK_BYTES
+    # the finite check (codegen.emit.emit_kernel): programs that each read about CHECK_BYTES, spread over
+    # the kernels, whose spare memory bandwidth hides it
     check = tuple(i for i, (_, dt) in enumerate(loops.inputs) if dt.is_floating_point)
-    grid1 = math.prod(v.extent for v in schedules[0].batch)
     total = sum(math.prod(loops.inputs[i][0]) * loops.inputs[i][1].itemsize for i in check)
     programs = 1 if interpreting() else min(max(1, total // CHECK_BYTES), MAX_CHECK_PROGRAMS)
-    slots = -(-programs // grid1) * grid1 if check and any(s.skip or s.special for s in schedules) else 0
+    shares, slots = [], 0
+    if check and any(s.skip or s.special for s in schedules):
+        for s in schedules:
+            grid1 = math.prod(v.extent for v in s.batch)
+            shares.append((slots, -(-programs // (len(schedules) * grid1)) * grid1))
+            slots += shares[-1][1]
     launches = []
     for k, s in enumerate(schedules):
         roots = {r: owner[r] for r in s.plan.roots if r in owner}
         la = tune(lambda cfg: emit_kernel(s, f"ft_kernel{k}", loops.inputs, roots, *cfg, faithful=faithful,
-                                          nan_free=nan_free, loaded_later=loaded, slots=slots,
-                                          check=check if k == 0 else ()), bufs, device)
+                                          nan_free=nan_free, loaded_later=loaded, slots=slots, check=check,
+                                          share=shares[k] if shares else (0, 0)), bufs, device)
         la(bufs)
         log.debug("kernel %d source:\n%s", k, la.source.source)
         launches.append(la)

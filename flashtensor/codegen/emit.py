@@ -541,18 +541,19 @@ class _Body:
 def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: int = 128, block_loop: int = 64,
                 num_warps: int = 4, num_stages: int = 2, faithful: bool = False,
                 nan_free: frozenset = frozenset(), loaded_later: frozenset = frozenset(),
-                slots: int = 0, check: tuple = ()) -> KernelSource:
+                slots: int = 0, check: tuple = (), share: tuple = (0, 0)) -> KernelSource:
     """Triton source for schedule `s`. `outputs` maps a root to its program outputs (others are intermediates).
     `faithful` rounds half-precision values as eager does (see `_Emitter.rounded`); reductions in `nan_free`
     use the fast max that skips NaN (analysis.facts.nan_absorbing_maxima says where that is exact); roots in
     `loaded_later` are also stored as intermediates, in the layout later kernels read.
 
     Skipping and constant folding assume finite inputs. In a plan with `slots` > 0 the kernel runs twice:
-    with MODE=0 it assumes them (and, with `check` naming the floating program inputs, `slots` extra
-    programs first along grid axis 0 sum x * 0 over a share of them and set the zeroed flag to NaN when
-    that is not 0); with MODE=1, after the whole plan, it returns at once when the flag is 0 and otherwise
-    recomputes every tile as eager does. The check runs beside the kernel's own programs and nothing
-    waits for it: no host sync, no extra pass over the inputs before the kernels."""
+    with MODE=0 it assumes them, and extra programs first along grid axis 0 check slots share[0] to
+    share[0] + share[1] - 1 of the `slots` equal shares of the inputs `check` names: each sums x * 0 over
+    its share and sets the zeroed flag to NaN when that is not 0. With MODE=1, after the whole plan, it
+    returns at once when the flag is 0 and otherwise recomputes every tile as eager does. The check runs
+    beside the kernels' own programs and nothing waits for it: no host sync, no pass over the inputs
+    before the kernels."""
     em = _Emitter(s, inputs, block_row, block_loop, faithful, nan_free)
     body: list[str] = []
     final_cache: dict[int, tuple[str, list[Var]]] = {}
@@ -594,8 +595,8 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
             em.store(r, None, store_ctx)
     body += store_ctx.lines
     grid1 = math.prod(v.extent for v in s.batch)
-    checkers = (-(-slots // grid1) if check else 0) if slots else 0
-    prog = _guard(em, checkers if check else int(slots > 0), check, grid1)
+    checkers = share[1] // grid1 if slots and check else 0
+    prog = _guard(em, slots, check, share[0], checkers, grid1)
     buffers = list(em.bufs.values())
     head = [f"def {name}({', '.join(b.name for b in buffers)}, MODE: tl.constexpr):"]
     ntiles = -(-s.row.extent // em.blk[s.row]) if s.row is not None else 1
@@ -662,16 +663,15 @@ def _segments(em: _Emitter) -> list[tuple[str, str, frozenset, bool]]:
     return segs
 
 
-def _guard(em: _Emitter, checkers: int, check: tuple, grid1: int) -> list[str]:
+def _guard(em: _Emitter, slots: int, check: tuple, first: int, checkers: int, grid1: int) -> list[str]:
     """Kernel prologue for the finite check and the fixup pass (see emit_kernel)."""
-    if not checkers:
+    if not slots:
         return ["fin = 1"]
-    flag = em.buffer(FINITE, (1,), torch.float32, "intermediate", written=bool(check))
+    flag = em.buffer(FINITE, (1,), torch.float32, "intermediate", written=bool(checkers))
     out = []
-    if check:
-        slots = checkers * grid1
+    if checkers:
         out += ["if MODE == 0:", f"    if tl.program_id(0) < {checkers}:     # a checking program",
-                f"        slot = tl.program_id(0) * {grid1} + tl.program_id(1)",
+                f"        slot = {first} + tl.program_id(0) * {grid1} + tl.program_id(1)",
                 f"        chk = tl.zeros([{CHECK_BLOCK}], tl.float32)"]
         for i in check:
             shape, dtype = em.inputs[i]
