@@ -13,7 +13,6 @@ from flashtensor import workloads
 from flashtensor.ir.evaluate import evaluate
 from flashtensor.ir.ops import COMPOSITE
 from flashtensor.pipeline import FallbackWarning
-from triton.runtime.errors import InterpreterError
 
 from conftest import assert_close, compare, rel_err
 

@@ -8,7 +8,6 @@ import warnings
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import flashtensor
 import flashtensor as ft

@@ -84,7 +84,7 @@ class KernelSource:
     num_stages: int
     blocks: dict[str, int] = field(default_factory=dict)
     assumes_finite: bool = False   # it skips tiles by value facts that hold for finite inputs
-    check_programs: int = 0        # programs first along grid axis 0 that check the inputs (first kernel only)
+    check_programs: int = 0        # programs first along grid axis 0 that check a share of the inputs
     fixup: bool = False            # relaunched with MODE=1 after the plan: recomputes unless the check passed
 
 

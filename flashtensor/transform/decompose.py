@@ -89,7 +89,7 @@ def _masked_fill(b: Builder, n: Node, x: Node, mask: Node, v) -> Node:
 
 def _tri(lower: bool):
     def rule(b: Builder, n: Node, x: Node) -> Node:
-        r, s = len(n.shape), n.source
+        s = n.source
         dev = x.attrs.get("device", torch.device("cpu"))
         rows = b.add("iota", (), n.shape[-2:], torch.int64, s, dim=0, device=dev)
         cols = b.add("iota", (), n.shape[-2:], torch.int64, s, dim=1, device=dev)
