@@ -242,6 +242,11 @@ class _Emitter:
             lines.append(f"{out} = {e}.to({_TL[n.dtype if n.dtype not in _HALF else torch.float32]})")
             return out, tv
         if op == "where":
+            known = self.s.constant_on(n.args[0], ctx.region) if ctx is not None and ctx.region and \
+                isinstance(n.args[0], LNode) else None
+            if isinstance(known, bool):     # the condition is constant on these tiles: the branch it picks
+                lines.append(f"{out} = {self.arg(n.args[1 if known else 2], tv, ctx)}")
+                return out, tv
             c, a, b = (self.arg(x, tv, ctx) for x in n.args)
             lines.append(f"{out} = tl.where({c}, {a}, {b})")
             return out, tv
