@@ -154,6 +154,17 @@ def test_inputs_on_a_device_without_kernels_run_eagerly_with_the_reason():
     assert [(o.device.type, o.shape, o.dtype) for o in out] == [(r.device.type, r.shape, r.dtype) for r in ref]
 
 
+def test_values_made_from_intermediates_live_on_the_inputs_device():
+    """zeros_like and triu of a computed value build index tensors and constants; in eager evaluation they
+    must land on the inputs' device (they were put on the CPU: a device mismatch on any other device)."""
+    def fn(q, k):
+        s = q @ k.transpose(-2, -1)
+        return torch.zeros_like(s) + s.triu(1)
+    q, k = torch.randn(8, 4, device="meta"), torch.randn(8, 4, device="meta")
+    with pytest.warns(FallbackWarning, match="inputs on meta"):
+        assert ft.compile(fn)(q, k).device.type == "meta"
+
+
 def test_mixed_devices_are_rejected():
     q, k, v = qkv(1, 40, 2, 16)
     with pytest.raises(ValueError, match="one device.*tensor argument 1 on meta"):

@@ -243,7 +243,7 @@ def _full(value_of):
 
 def _like(value_of):
     def rule(b, a, kw, shape, dtype, src):
-        return b.add("full", (), shape, dtype, src, value=value_of(a), device=a[0].attrs.get("device", torch.device("cpu")))
+        return b.add("full", (), shape, dtype, src, value=value_of(a), device=a[0].device)
     return rule
 
 

@@ -28,6 +28,21 @@ class Node:
     def __repr__(self) -> str:
         return f"%{self.name}"
 
+    @property
+    def device(self) -> torch.device:
+        """Where the value lives: the device of the first input or source it derives from (a program's
+        tensors share one device); the CPU for a value built from no tensor at all."""
+        seen, stack = set(), [self]
+        while stack:
+            x = stack.pop()
+            if "device" in x.attrs:
+                return x.attrs["device"]
+            for a in x.inputs:
+                if id(a) not in seen:
+                    seen.add(id(a))
+                    stack.append(a)
+        return torch.device("cpu")
+
 
 @dataclass
 class Graph:

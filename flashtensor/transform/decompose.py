@@ -90,7 +90,7 @@ def _masked_fill(b: Builder, n: Node, x: Node, mask: Node, v) -> Node:
 def _tri(lower: bool):
     def rule(b: Builder, n: Node, x: Node) -> Node:
         s = n.source
-        dev = x.attrs.get("device", torch.device("cpu"))
+        dev = x.device
         rows = b.add("iota", (), n.shape[-2:], torch.int64, s, dim=0, device=dev)
         cols = b.add("iota", (), n.shape[-2:], torch.int64, s, dim=1, device=dev)
         diff = b.add("sub", (cols, rows), n.shape[-2:], torch.int64, s)
