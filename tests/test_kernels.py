@@ -182,6 +182,7 @@ def _written(q, k, v, form):
         s[..., :5, 30:] = float("-inf")
         s[:, 1, 7] = 2.0
         s[..., -3:, :40] = torch.tensor(1.5)
+        s[:, :, :, 60:] = -2.0
     elif form == "same-dim nesting":           # the inner write is shifted along the outer slice: eager
         s[..., 2:50][..., 3:9] = -1.0
     else:                                      # strided: eager

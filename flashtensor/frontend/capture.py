@@ -304,6 +304,8 @@ def _lifted(b, v, base, dim, lo, select, s, d, src):
     that would need shifting it."""
     if not isinstance(v, Node):
         return v
+    if v is base:                        # a window that is all of the base (slicing it gave it back)
+        return base if not select and tuple(v.shape) == tuple(s) else None
     if v.op == "full" and not isinstance(v.attrs["value"], Node):
         return v.attrs["value"]
     if v.op == "expand" and not v.args[0].shape:
