@@ -57,8 +57,8 @@ class Program:
     fused: Optional[Graph] = None        # the part of `decomposed` that runs as kernels
     loops: Optional[LoopGraph] = None
     schedules: list[Schedule] = field(default_factory=list)
-    # what running needs; buffers are keyed ("in", i), ("out", k), ("tmp", j) and ("finite",), the flag
-    # kernels that skip tiles read (runtime/launch.py computes it per call)
+    # what running needs; buffers are keyed ("in", i), ("out", k), ("tmp", j) and ("finite",), the flag the
+    # kernels' finite check sets (runtime/launch.py zeroes it per call)
     consts: list[torch.Tensor] = field(default_factory=list)   # already on the plan's device
     kernels: list[KernelSource] = field(default_factory=list)
     launches: list[Launch] = field(default_factory=list)

@@ -257,10 +257,8 @@ class _Emitter:
             lines.append(f"{out} = " + self.rounded(n, folded))
             return out, tv
         if op == "div" and isinstance(n.args[1], LNode) and len(self.tvars(n.args[1])) < len(tv):
-            # divide once per element of the thinner operand, multiply per element of the tile
-            rcp = self.fresh("rcp")
-            lines.append(f"{rcp} = 1.0 / {self.arg(n.args[1], self.tvars(n.args[1]), ctx)}")
-            lines.append(f"{out} = " + self.rounded(n, f"({self.arg(n.args[0], tv, ctx)} * {self.bcast(rcp, self.tvars(n.args[1]), tv)})"))
+            rcp = self.reciprocal(n.args[1], tv, ctx, lines)
+            lines.append(f"{out} = " + self.rounded(n, f"({self.arg(n.args[0], tv, ctx)} * {rcp})"))
             return out, tv
         if op in _BIN:
             a, b = self.arg(n.args[0], tv, ctx), self.arg(n.args[1], tv, ctx)
@@ -376,9 +374,7 @@ class _Emitter:
         elif kind == "sum":
             lines.append(f"{out} = tl.sum({e}, axis={xt.index(v)})")
         else:
-            red = f"tl.{kind}({e}, axis={xt.index(v)})" if n in self.nan_free else \
-                f"tl.reduce({e}, {xt.index(v)}, {_NAN_REDUCE[kind]})"
-            lines.append(f"{out} = {red}")
+            lines.append(f"{out} = {self.extreme(n, kind, e, xt.index(v))}")
         return out, tv
 
     def dot_prec(self, factors) -> str:
@@ -425,6 +421,19 @@ class _Emitter:
         lines.append(f"{var} = tl.broadcast_to({expr}, ({shape}))")
         return var if canon == want else f"tl.trans({var})"
 
+    def reciprocal(self, d, tv: list[Var], ctx, lines: list[str]) -> str:
+        """1 / d for a divisor over fewer variables than the tile: one division per element of d's own
+        tile, broadcast to tv and multiplied in (a division per tile element costs far more)."""
+        have = self.tvars(d) if isinstance(d, LNode) else []
+        rcp = self.fresh("rcp")
+        lines.append(f"{rcp} = 1.0 / {self.arg(d, have, ctx)}")
+        return self.bcast(rcp, have, tv)
+
+    def extreme(self, n: LNode, kind: str, e: str, axis: int) -> str:
+        """max/min of tile e along axis for reduction n: the GPU's fast, NaN-skipping one where
+        analysis.facts.nan_absorbing_maxima allows it, else one that propagates NaN as torch does."""
+        return f"tl.{kind}({e}, axis={axis})" if n in self.nan_free else f"tl.reduce({e}, {axis}, {_NAN_REDUCE[kind]})"
+
     def store(self, r: LNode, out: Optional[LOutput], ctx: "_Body") -> None:
         """Write root r to its program output, or to an intermediate buffer for later kernels."""
         tv = self.tvars(r)
@@ -468,11 +477,8 @@ class _Emitter:
         for f, p in factors:
             if p >= 0:
                 continue
-            have = self.tvars(f) if isinstance(f, LNode) else []
-            if len(have) < len(tv):
-                rcp = self.fresh("rcp")
-                lines.append(f"{rcp} = 1.0 / {self.arg(f, have, ctx)}")
-                num.append(self.bcast(rcp, have, tv))
+            if len(self.tvars(f) if isinstance(f, LNode) else []) < len(tv):
+                num.append(self.reciprocal(f, tv, ctx, lines))
             else:
                 den.append(self.arg(f, tv, ctx))
         e = " * ".join(num) if num else "1.0"
@@ -726,8 +732,7 @@ def _loop_body(em: _Emitter, ctx: _Body, accs: list[Accum], running: dict) -> No
                 e = f"tl.where({em.idx(L, xt)} < {L.extent}, {e}, {_lit(IDENTITY[a.kind])})"
             fn = "max" if a.kind == "max" else "min"
             new = f"new_{a.node.name}"
-            red = f"tl.{fn}({e}, axis={xt.index(L)})" if a.node in em.nan_free else \
-                f"tl.reduce({e}, {xt.index(L)}, {_NAN_REDUCE[a.kind]})"
+            red = em.extreme(a.node, a.kind, e, xt.index(L))
             if scale != 1.0:
                 red = f"{red} * {_lit(scale)}"
             if a.node in em.nan_free:

@@ -46,8 +46,8 @@ class Launch:
     ms: float = 0.0          # the tuner's median time on the device (0 where nothing was timed)
 
     def __call__(self, buffers: dict, fixup: bool = False) -> None:
-        """MODE=0: the kernel's programs plus, in the first kernel, those that check the inputs; MODE=1:
-        the fixup pass (codegen.emit.emit_kernel says what it does)."""
+        """MODE=0: the kernel's programs plus those that check its share of the inputs; MODE=1: the
+        fixup pass (codegen.emit.emit_kernel says what it does)."""
         args = [buffers[b.source] for b in self.source.buffers]
         g0, g1 = self.source.grid
         grid = (g0, g1) if fixup else (g0 + self.source.check_programs, g1)
@@ -60,7 +60,8 @@ def input_buffers(inputs: Sequence[torch.Tensor]) -> dict:
 
 
 def allocate(source: KernelSource, buffers: dict, device) -> None:
-    """Create the outputs, intermediates and finite-check slots `source` uses that `buffers` does not hold yet."""
+    """Create the outputs, intermediates and the (zeroed) finite-check flag `source` uses that `buffers`
+    does not hold yet."""
     for b in source.buffers:
         if b.source == FINITE and FINITE not in buffers:
             buffers[FINITE] = torch.zeros(b.shape, dtype=b.dtype, device=device)
