@@ -577,10 +577,18 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
             init = _lit(IDENTITY[a.kind]) if a.kind != "any" else "0"
             dt = "tl.int32" if a.kind == "any" else "tl.float32"
             body.append(f"acc_{a.node.name} = tl.full([{shape}], {init}, {dt})" if shape else f"acc_{a.node.name} = {init}")
+        early = s.stops_early(p)
+        if early:   # tiles that can set an `any` first, the constant-folded ones (mostly false) last
+            segments = sorted(segments, key=lambda seg: bool(seg[2] & set(s.special)))
+            body.append(f"more = {_unsettled(em, accs)}")
         for lo, hi, region, bounds in segments:
             ctx = _Body(p, region, bounds, {**em.cache_pre, **final_cache})
             _loop_body(em, ctx, accs, running)
-            body.append(f"for l0 in range({lo}, {hi}, {em.blk[s.loop]}):")
+            if early:
+                ctx.lines += [f"more = {_unsettled(em, accs)}", f"l0 += {em.blk[s.loop]}"]
+                body += [f"l0 = {lo} + tl.zeros([], tl.int32)", f"while (l0 < {hi}) & more:"]
+            else:
+                body.append(f"for l0 in range({lo}, {hi}, {em.blk[s.loop]}):")
             body.append(f"    o_{s.loop} = l0 + tl.arange(0, {em.blk[s.loop]})")
             body += ["    " + ln for ln in ctx.lines]
         post = _Body(p + 1, frozenset(), False, {**em.cache_pre, **final_cache})
@@ -672,6 +680,15 @@ def _segments(em: _Emitter) -> list[tuple[str, str, frozenset, bool]]:
             em.pre.append(f"sp = lo + (tl.minimum(tl.maximum({end}, lo), ua) - lo) * fin")
             segs = [("lo", "sp", frozenset([h]), True), ("sp", "ua", none, True)] + segs[1:]
     return segs
+
+
+def _unsettled(em: _Emitter, accs: list[Accum]) -> str:
+    """Scalar that is true while some `any` accumulator of the tile is still false (Schedule.stops_early)."""
+    terms = []
+    for a in accs:
+        acc = f"acc_{a.node.name}"
+        terms.append(f"(tl.min(tl.ravel({acc}), 0) == 0)" if em.tvars(a.node) else f"({acc} == 0)")
+    return " | ".join(terms)
 
 
 def _guard(em: _Emitter, slots: int, check: tuple, first: int, checkers: int, grid1: int) -> list[str]:

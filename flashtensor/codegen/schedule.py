@@ -70,6 +70,12 @@ class Schedule:
         """Half-planes that hold on the bulk's tiles (wholly outside every skipped and special one)."""
         return frozenset(negate(h) for h in self.skip + self.special)
 
+    def stops_early(self, pass_: int) -> bool:
+        """Whether the pass's loop may stop once every accumulator holds its absorbing value: true
+        when all are `any`, which stays true whatever the later tiles hold."""
+        accs = [a for a in self.accums.values() if a.pass_ == pass_]
+        return bool(accs) and all(a.kind == "any" for a in accs)
+
     def constant_on(self, n: LNode, region: frozenset):
         """The constant `n` takes on tiles where every half-plane of `region` holds, if the facts give one."""
         for reg, value in self.facts.of(n):

@@ -58,6 +58,8 @@ class Report:
                     how.append("rescaled by running max " + ", ".join(d.name for d, _ in a.rescale))
                 if a.pulled:
                     how.append(f"{len(a.pulled)} loop-invariant factor(s) moved out of the sum")
+                if s.stops_early(a.pass_):
+                    how.append("the loop stops once every one is true")
                 carried.append(f"{a.node.name}: " + "; ".join(how))
             self.properties.append(KernelProperties(
                 k.name, s.roles.describe() + [f"{v}<{v.extent}>: batch (grid axis 1)" for v in s.batch],
