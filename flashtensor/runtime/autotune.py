@@ -17,7 +17,8 @@ from .launch import Launch, allocate, load_kernel
 log = logging.getLogger(__name__)
 
 # (row block, loop block, warps, stages): first is the default, the rest are tried on a GPU
-CONFIGS = [(128, 64, 4, 2), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3), (64, 128, 4, 3)]
+CONFIGS = [(128, 64, 4, 2), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3), (64, 128, 4, 3),
+           (64, 64, 4, 2)]
 
 
 def interpreting() -> bool:
@@ -32,10 +33,11 @@ def tune(variants: Callable[[tuple], KernelSource], buffers: dict, device: torch
     seen = set()
     for cfg in configs:
         src = variants(cfg)
-        if src.source in seen:
-            log.debug("autotune %s: config %s gives the same source as an earlier one, skipped", src.name, cfg)
+        key = (src.source, src.num_warps, src.num_stages)    # warps and stages are not in the source
+        if key in seen:
+            log.debug("autotune %s: config %s gives the same kernel as an earlier one, skipped", src.name, cfg)
             continue
-        seen.add(src.source)
+        seen.add(key)
         la = Launch(src, load_kernel(src))
         allocate(src, buffers, device)
         if len(configs) == 1:
