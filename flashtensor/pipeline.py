@@ -63,6 +63,7 @@ class Program:
     kernels: list[KernelSource] = field(default_factory=list)
     launches: list[Launch] = field(default_factory=list)
     results: list[tuple[Node, tuple]] = field(default_factory=list)  # fused-graph output, its buffer key
+    order: Optional[list[Node]] = None   # set by the first run: what it evaluates in eager, in order
 
     def run(self, args: Sequence[Any]) -> Any:
         tensors = [args[i] for i in self.tensor_positions]
@@ -70,7 +71,9 @@ class Program:
         if self.launches:
             bufs = run_kernels(self.launches, list(tensors) + self.consts, tensors[0].device)
             env = {n: bufs[k] for n, k in self.results}
-        outs = evaluate(self.decomposed, tensors, env)
+        if self.order is None:     # the nodes eager still computes, the same on every call
+            self.order = topo_order(self.decomposed.outputs, stop=set(self.decomposed.inputs) | set(env))
+        outs = evaluate(self.decomposed, tensors, env, self.order)
         return outs[0] if self.single_output else tuple(outs)
 
 

@@ -9,12 +9,15 @@ from .graph import Graph, Node, topo_order
 from .ops import EVAL
 
 
-def evaluate(g: Graph, args: Sequence[torch.Tensor], env: dict[Node, torch.Tensor] | None = None) -> list[torch.Tensor]:
-    """Values of `g.outputs` for the given program inputs; `env` may pre-set any node's value."""
+def evaluate(g: Graph, args: Sequence[torch.Tensor], env: dict[Node, torch.Tensor] | None = None,
+             order: Sequence[Node] | None = None) -> list[torch.Tensor]:
+    """Values of `g.outputs` for the given program inputs; `env` may pre-set any node's value. `order`,
+    when given, is `topo_order(g.outputs, stop=...)` for the same inputs and env keys, computed once by
+    a caller that evaluates the same graph many times."""
     vals: dict[Node, object] = dict(env or {})
     for n, a in zip(g.inputs, args):
         vals.setdefault(n, a)
-    for n in topo_order(g.outputs, stop=set(vals)):
+    for n in order if order is not None else topo_order(g.outputs, stop=set(vals)):
         if n in vals:
             continue
         ins = [vals[a] if isinstance(a, Node) else a for a in n.args]

@@ -48,13 +48,8 @@ def enabled() -> bool:
 
 def signature(args: Sequence[Any]) -> tuple:
     """What a plan is specialised to: every tensor's shape, dtype, device and strides; every other value."""
-    sig = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            sig.append(("T", tuple(a.shape), a.dtype, str(a.device), tuple(a.stride())))
-        else:
-            sig.append(("V", repr(a)))
-    return tuple(sig)
+    return tuple(("T", a.shape, a.dtype, a.device, a.stride()) if isinstance(a, torch.Tensor) else ("V", repr(a))
+                 for a in args)     # runs on every call: no string conversions
 
 
 @functools.cache
