@@ -236,10 +236,8 @@ def _tune_kernels(loops: LoopGraph, schedules: list[Schedule], faithful: bool, n
     programs = 1 if interpreting() else min(max(1, total // CHECK_BYTES), MAX_CHECK_PROGRAMS)
     shares, slots = [], 0
     if check and any(s.skip or s.special for s in schedules):
-        for s in schedules:
-            grid1 = math.prod(v.extent for v in s.batch)
-            shares.append((slots, -(-programs // (len(schedules) * grid1)) * grid1))
-            slots += shares[-1][1]
+        per = -(-programs // len(schedules))
+        shares, slots = [(k * per, per) for k in range(len(schedules))], per * len(schedules)
     launches = []
     for k, s in enumerate(schedules):
         roots = {r: owner[r] for r in s.plan.roots if r in owner}

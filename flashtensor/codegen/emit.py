@@ -72,6 +72,7 @@ class Buffer:
 
 FINITE = ("finite",)   # buffer key of the finite-check flag: zeroed per call, NaN once a check finds a non-finite input
 CHECK_BLOCK = 2048      # elements per step of the finite check
+GROUP_PROGRAMS = 512    # programs per launch-order group (see _placement): a couple of waves on a large GPU
 
 
 @dataclass
@@ -84,7 +85,7 @@ class KernelSource:
     num_stages: int
     blocks: dict[str, int] = field(default_factory=dict)
     assumes_finite: bool = False   # it skips tiles by value facts that hold for finite inputs
-    check_programs: int = 0        # programs first along grid axis 0 that check a share of the inputs
+    check_programs: int = 0        # programs after the grid's own that check a share of the inputs
     fixup: bool = False            # relaunched with MODE=1 after the plan: recomputes unless the check passed
 
 
@@ -614,25 +615,19 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
             em.store(r, None, store_ctx)
     body += store_ctx.lines
     grid1 = math.prod(v.extent for v in s.batch)
-    checkers = share[1] // grid1 if slots and check else 0
-    prog = _guard(em, slots, check, share[0], checkers, grid1)
+    ntiles = -(-s.row.extent // em.blk[s.row]) if s.row is not None else 1
+    tiles = ntiles * grid1
+    checkers = share[1] if slots and check else 0
+    prog = _guard(em, slots, check, share[0], checkers, tiles)
     buffers = list(em.bufs.values())
     head = [f"def {name}({', '.join(b.name for b in buffers)}, MODE: tl.constexpr):"]
-    ntiles = -(-s.row.extent // em.blk[s.row]) if s.row is not None else 1
-    if s.row is not None:
-        tile = f"(tl.program_id(0) - {checkers} * (1 - MODE))" if checkers else "tl.program_id(0)"
-        prog.append(f"r0 = ({ntiles - 1} - {tile}) * {em.blk[s.row]}")   # heaviest tiles first
-        prog.append(f"o_{s.row} = r0 + tl.arange(0, {em.blk[s.row]})")
-    rest = "tl.program_id(1)"
-    for v in reversed(s.batch):
-        prog.append(f"i_{v} = {rest} % {v.extent}")
-        rest = f"({rest} // {v.extent})"
+    prog += _placement(em, ntiles, grid1)
     for v in s.whole:
         prog.append(f"o_{v} = tl.arange(0, {em.blk[v]})")
     lines = head + ["    " + ln for ln in prog + em.pre + body]
     src = "import triton\nimport triton.language as tl\n\n" + _HELPERS + "\n\n@triton.jit\n" + "\n".join(lines) + "\n"
     blocks = {str(v): em.blk[v] for v in em.blk}
-    return KernelSource(name, src, buffers, (ntiles, grid1), num_warps, num_stages, blocks, bool(s.skip or s.special),
+    return KernelSource(name, src, buffers, (tiles,), num_warps, num_stages, blocks, bool(s.skip or s.special),
                         checkers, slots > 0)
 
 
@@ -691,15 +686,39 @@ def _unsettled(em: _Emitter, accs: list[Accum]) -> str:
     return " | ".join(terms)
 
 
-def _guard(em: _Emitter, slots: int, check: tuple, first: int, checkers: int, grid1: int) -> list[str]:
+def _placement(em: _Emitter, ntiles: int, grid1: int) -> list[str]:
+    """Row tile and batch index of this program. Tiles whose loop covers the most are launched first
+    (the direction follows the skipped and constant-folded half-planes), across the batch in groups of
+    about GROUP_PROGRAMS programs: the longest tiles of a group start together and its shortest end it,
+    so the last wave is short, while a group's batch entries are few enough to share the cache."""
+    s = em.s
+    out = ["pid = tl.program_id(0)"]
+    group = max(1, min(grid1, GROUP_PROGRAMS // ntiles))
+    if group >= grid1:
+        out += [f"t = pid // {grid1}", f"b = pid % {grid1}"]
+    else:
+        out += [f"g = pid // {group * ntiles}", f"gn = tl.minimum({group}, {grid1} - g * {group})",
+                f"t = (pid - g * {group * ntiles}) // gn", f"b = g * {group} + (pid - g * {group * ntiles}) % gn"]
+    if s.row is not None:
+        grows = sum(h.coeff(s.row) for h in s.skip + s.special) < 0   # loop work grows with the row index
+        out.append(f"r0 = ({ntiles - 1} - t) * {em.blk[s.row]}" if grows else f"r0 = t * {em.blk[s.row]}")
+        out.append(f"o_{s.row} = r0 + tl.arange(0, {em.blk[s.row]})")
+    rest = "b"
+    for v in reversed(s.batch):
+        out.append(f"i_{v} = {rest} % {v.extent}")
+        rest = f"({rest} // {v.extent})"
+    return out
+
+
+def _guard(em: _Emitter, slots: int, check: tuple, first: int, checkers: int, tiles: int) -> list[str]:
     """Kernel prologue for the finite check and the fixup pass (see emit_kernel)."""
     if not slots:
         return ["fin = 1"]
     flag = em.buffer(FINITE, (1,), torch.float32, "intermediate", written=bool(checkers))
     out = []
     if checkers:
-        out += ["if MODE == 0:", f"    if tl.program_id(0) < {checkers}:     # a checking program",
-                f"        slot = {first} + tl.program_id(0) * {grid1} + tl.program_id(1)",
+        out += ["if MODE == 0:", f"    if tl.program_id(0) >= {tiles}:     # a checking program",
+                f"        slot = {first} + tl.program_id(0) - {tiles}",
                 f"        chk = tl.zeros([{CHECK_BLOCK}], tl.float32)"]
         for i in check:
             shape, dtype = em.inputs[i]

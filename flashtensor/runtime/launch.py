@@ -49,8 +49,8 @@ class Launch:
         """MODE=0: the kernel's programs plus those that check its share of the inputs; MODE=1: the
         fixup pass (codegen.emit.emit_kernel says what it does)."""
         args = [buffers[b.source] for b in self.source.buffers]
-        g0, g1 = self.source.grid
-        grid = (g0, g1) if fixup else (g0 + self.source.check_programs, g1)
+        (tiles,) = self.source.grid
+        grid = (tiles if fixup else tiles + self.source.check_programs,)
         self.fn[grid](*args, MODE=int(fixup), num_warps=self.source.num_warps, num_stages=self.source.num_stages)
 
 
