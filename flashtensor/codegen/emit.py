@@ -560,7 +560,7 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
     `loaded_later` are also stored as intermediates, in the layout later kernels read.
 
     Skipping and constant folding assume finite inputs. In a plan with `slots` > 0 the kernel runs twice:
-    with MODE=0 it assumes them, and extra programs first along grid axis 0 check slots share[0] to
+    with MODE=0 it assumes them, and extra programs after the grid's own check slots share[0] to
     share[0] + share[1] - 1 of the `slots` equal shares of the inputs `check` names: each sums x * 0 over
     its share and sets the zeroed flag to NaN when that is not 0. With MODE=1, after the whole plan, it
     returns at once when the flag is 0 and otherwise recomputes every tile as eager does. The check runs

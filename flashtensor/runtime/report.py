@@ -62,7 +62,7 @@ class Report:
                     how.append("the loop stops once every one is true")
                 carried.append(f"{a.node.name}: " + "; ".join(how))
             self.properties.append(KernelProperties(
-                k.name, s.roles.describe() + [f"{v}<{v.extent}>: batch (grid axis 1)" for v in s.batch],
+                k.name, s.roles.describe() + [f"{v}<{v.extent}>: batch (one program per value and row tile)" for v in s.batch],
                 f"loop over {s.loop} in {s.passes} pass(es): " + ("; ".join(carried) or "no reductions"),
                 [f"{h} >= 0" for h in s.skip], [f"{h} >= 0" for h in s.special]))
 
