@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
@@ -38,6 +39,7 @@ from .transform.loopform import LoweringError, to_loops
 
 
 log = logging.getLogger(__name__)
+progress = logging.getLogger("flashtensor.progress")   # one line per tuned kernel (see flashtensor/__init__.py)
 CHECK_BYTES, MAX_CHECK_PROGRAMS = 64 << 10, 4096     # the finite check's programs (see _tune_kernels)
 
 
@@ -177,6 +179,8 @@ def _search(prog: Program, fused: Graph, example: list[torch.Tensor]) -> dict:
         candidates = partitions(loops, _accept)
         if device.type != "cuda" or interpreting():
             candidates = candidates[:1]     # choosing by time needs the real device
+        start = time.perf_counter()
+        progress.info("planning %d partition(s) of %d fused node(s) on %s", len(candidates), len(loops.nodes), device)
         best, errors = None, []
         for c, plans in enumerate(candidates):
             try:
@@ -187,7 +191,10 @@ def _search(prog: Program, fused: Graph, example: list[torch.Tensor]) -> dict:
                 errors.append(str(e))
                 continue
             _log_plan(c, plans, schedules)
-            launches = _tune_kernels(loops, schedules, faithful, nan_free, bufs, device)
+            launches = _tune_kernels(loops, schedules, faithful, nan_free, bufs, device,
+                                     lambda k, la: progress.info(
+                                         "partition %d/%d, kernel %d/%d: %s, %.1f s", c + 1, len(candidates), k + 1,
+                                         len(schedules), _tuned(la), time.perf_counter() - start))
             total = sum(la.ms for la in launches)
             log.debug("partition %d: %d kernel(s), %.4f ms", c, len(launches), total)
             if best is None or total < best[0]:
@@ -196,6 +203,8 @@ def _search(prog: Program, fused: Graph, example: list[torch.Tensor]) -> dict:
             raise ScheduleError("; ".join(errors))
         _, schedules, launches = best
         kernels = [la.source for la in launches]
+        progress.info("chose %d kernel(s)%s, planned in %.1f s", len(kernels),
+                      f", {best[0]:.3f} ms" if best[0] else "", time.perf_counter() - start)
     except (LoweringError, PartitionError, ScheduleError) as e:
         log.debug("no fused plan: %s", e)
         return {"kernels": [], "consts": [], "results": [],
@@ -222,9 +231,16 @@ def _log_plan(c: int, plans: list[KernelPlan], schedules: list[Schedule]) -> Non
                   c, k, s.batch, s.row, s.loop, s.whole, s.passes, len(s.dots), [str(h) for h in s.skip])
 
 
+def _tuned(la: Launch) -> str:
+    k = la.source
+    how = f"blocks {k.blocks}, {k.num_warps} warps, {k.num_stages} stages"
+    return f"{la.ms:.3f} ms ({how})" if la.ms else f"not timed on this device ({how})"
+
+
 def _tune_kernels(loops: LoopGraph, schedules: list[Schedule], faithful: bool, nan_free: frozenset,
-                  bufs: dict, device: torch.device) -> list[Launch]:
-    """Emit and tune each kernel in plan order, running it so the next one sees its results."""
+                  bufs: dict, device: torch.device, tuned: Callable[[int, Launch], None]) -> list[Launch]:
+    """Emit and tune each kernel in plan order, running it so the next one sees its results; `tuned`
+    hears of each."""
     owner: dict[LNode, list[LOutput]] = {}
     for o in loops.outputs:
         owner.setdefault(o.node, []).append(o)
@@ -246,6 +262,7 @@ def _tune_kernels(loops: LoopGraph, schedules: list[Schedule], faithful: bool, n
                                           share=shares[k] if shares else (0, 0)), bufs, device)
         la(bufs)
         log.debug("kernel %d source:\n%s", k, la.source.source)
+        tuned(k, la)
         launches.append(la)
     return launches
 

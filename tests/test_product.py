@@ -254,6 +254,25 @@ def test_debug_env_var_logs_to_stderr_and_is_silent_when_off(tmp_path):
         assert ("[flashtensor.pipeline] captured graph:" in proc.stderr) is expect, proc.stderr
 
 
+def test_progress_lines_while_planning_and_none_from_the_cache(tmp_path):
+    """FLASHTENSOR_PROGRESS=1 prints a line per tuned kernel and the choice while a plan is searched; a
+    process that reads the plan back prints none, and FLASHTENSOR_PROGRESS=0 silences the search."""
+    code = "import torch, flashtensor as ft; print(ft.compile(lambda x: torch.softmax(x, -1))(torch.randn(4, 40)).shape)"
+    for cache, setting, expect in (("a", "1", True), ("a", "1", False), ("b", "0", False)):
+        proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                              env=dict(os.environ, TRITON_INTERPRET="1", FLASHTENSOR_PROGRESS=setting,
+                                       FLASHTENSOR_CACHE_DIR=str(tmp_path / cache)))
+        assert proc.returncode == 0, proc.stderr
+        lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("flashtensor: ")]
+        if expect:
+            assert lines[0].startswith("flashtensor: planning 1 partition(s)"), proc.stderr
+            tuned = [ln for ln in lines if "partition 1/1, kernel " in ln and "not timed on this device (blocks" in ln]
+            assert tuned and lines[1:-1] == tuned, proc.stderr
+            assert lines[-1].startswith(f"flashtensor: chose {len(tuned)} kernel(s), planned in"), proc.stderr
+        else:
+            assert not lines, proc.stderr
+
+
 # ---- the command line ---------------------------------------------------------------------------
 
 def test_cli_explain_workload(capsys):
