@@ -136,6 +136,27 @@ def test_program_without_a_reduction_loop_matches_eager(fn):
     assert_close(ft.compile(fn)(x), fn(x))
 
 
+@pytest.mark.parametrize("fn, fused", [(lambda x: (x > -3.0).all(dim=-1), True),
+                                       (lambda x: (x < 2.5).all(dim=0, keepdim=True), True),
+                                       (lambda x: (x.abs() < 3.0).all(), False),
+                                       (lambda x: (x > -3.0).all(dim=(0, 1)), False)],
+                         ids=["last", "first_keepdim", "every", "two_dims"])
+def test_all_is_not_any_of_not_and_matches_eager(fn, fused):
+    """`all` lowers to not any(not x); thresholds near the tails give both outcomes. Reductions over
+    several dimensions of a 3-d tensor find no fused plan (a tile holds two variables) and say so."""
+    x = torch.randn(6, 40, 300)
+    ref = fn(x)
+    assert ref.dtype == torch.bool and (ref.numel() == 1 or (ref.any() and not ref.all()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FallbackWarning)
+        report = ft.explain(fn, x)
+        out = ft.compile(fn)(x)
+    graph = report.program.decomposed
+    assert not [n for n in graph.nodes if n.op == "opaque"] and any(n.op == "logical_not" for n in graph.nodes)
+    assert bool(report.kernels) == fused, report.program.notes
+    assert_close(out, ref)
+
+
 # ---- fallback ------------------------------------------------------------------------------------
 
 def running_total(x, w):

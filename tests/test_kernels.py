@@ -166,15 +166,22 @@ _SETTLES = {"at once": lambda i: torch.full_like(i, -1.0),     # every p >= -1: 
             "never": lambda i: torch.full_like(i, 2.0)}        # no p reaches 2: the loop runs to the end
 
 
+def all_below(q, k, v, t):
+    """CORM's complement through `all`, which capture writes as not any(not x)."""
+    s = _scores(q, k) + torch.full((q.shape[1], k.shape[1]), float("-inf")).triu(1)
+    return (torch.softmax(s, dim=-1) < t).all(dim=-2)
+
+
+@pytest.mark.parametrize("fn", [W.corm, all_below])
 @pytest.mark.parametrize("when", list(_SETTLES))
-def test_any_along_the_loop_stops_once_settled(when):
+def test_any_along_the_loop_stops_once_settled(when, fn):
     """An `any` carried along the loop cannot change once every accumulator of the tile is true, so the
     loop runs as a while that stops there (constant-folded tiles last). Thresholds that settle it at
     once, partway through and never all give eager's answer."""
     g = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(1, 150, 2, 32, generator=g) for _ in range(3))
     t = _SETTLES[when](torch.arange(150, dtype=torch.float32)[:, None].expand(150, 150))
-    report = _run(W.corm, (q, k, v, t))
+    report = _run(fn, (q, k, v, t))
     assert "stops once every one is true" in str(report)
     assert any("while (l0 <" in k.triton_source for k in report.kernels)
 

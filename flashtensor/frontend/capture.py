@@ -163,6 +163,14 @@ def _multi_opaque(b, fx, args, kw, src):
     ]
 
 
+def _all(b, a, kw, s, d, src):
+    """all(x) as not any(not x): the IR has one boolean reduction (bool results only; uint8 stays eager)."""
+    if d != torch.bool:
+        return None
+    nx = b.add("logical_not", (a[0],), a[0].shape, torch.bool, src)
+    return b.add("logical_not", (_reduce("any")(b, [nx, *a[1:]], kw, s, d, src),), s, d, src)
+
+
 def _norm_dims(dims, rank):
     if dims is None or dims == []:
         return list(range(rank))
@@ -344,6 +352,7 @@ _RULES: dict[Any, Callable] = {
     aten.amax.default: _reduce("max"), aten.amin.default: _reduce("min"),
     aten.max.default: _reduce("max"), aten.min.default: _reduce("min"),
     aten.any.dim: _reduce("any"), aten.any.default: _reduce("any"), aten.any.dims: _reduce("any"),
+    aten.all.dim: _all, aten.all.default: _all, aten.all.dims: _all,
     aten.mean.dim: lambda b, a, kw, s, d, src: b.add("mean", (a[0],), s, d, src, dims=_norm_dims(a[1], len(a[0].shape)), keepdim=bool(a[2] if len(a) > 2 else kw.get("keepdim", False))),
     aten.mean.default: lambda b, a, kw, s, d, src: b.add("mean", (a[0],), s, d, src, dims=list(range(len(a[0].shape))), keepdim=False),
     aten.bmm.default: lambda b, a, kw, s, d, src: b.add("matmul", (a[0], a[1]), s, d, src),
