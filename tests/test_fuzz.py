@@ -204,7 +204,10 @@ def check(spec: Spec, fn: Callable, args: tuple, out, ref) -> None:
     """DESIGN 6 per output. Half-precision results that miss eager by more than 2e-3 are held to the float64
     answer instead: no worse than eager's own error (or than storing the exact answer) plus 2e-3, since eager's
     half-precision intermediates are themselves that far off (tests/test_kernels.py::test_bf16_against_float64).
-    Threshold statistics may differ from eager only where a probability sits within rounding of the threshold."""
+    A float32 result gets the same treatment with 1e-4 only where eager itself is more than 1e-4 from the
+    float64 answer: an ill-conditioned output, where any other order of the same float32 operations misses
+    eager too. Threshold statistics may differ from eager only where a probability sits within rounding of
+    the threshold."""
     outs, refs = as_tuple(out), as_tuple(ref)
     assert len(outs) == len(refs), f"{len(outs)} outputs, eager gives {len(refs)}"
     names = ("o",) + spec.stats
@@ -219,10 +222,12 @@ def check(spec: Spec, fn: Callable, args: tuple, out, ref) -> None:
         m = compare(o, r)
         if m.ok:
             continue
-        assert spec.dtype != torch.float32 and m.problem.startswith("relative error"), f"{name}: {m.problem}"
+        assert m.problem.startswith("relative error"), f"{name}: {m.problem}"
         x = as_tuple(fn(*[a.double() for a in args]))[k]
+        tol = 1e-4 if r.dtype == torch.float32 else 2e-3
         floor = max(rel_err(r, x), _interpreter_floor(x, r.dtype))
-        assert rel_err(o, x) <= floor + 2e-3, f"{name}: error {rel_err(o, x):.3e} vs float64, eager's own {floor:.3e}"
+        assert r.dtype != torch.float32 or floor > tol, f"{name}: {m.problem} (eager is {floor:.1e} from float64)"
+        assert rel_err(o, x) <= floor + tol, f"{name}: error {rel_err(o, x):.3e} vs float64, eager's own {floor:.3e}"
 
 
 def _interpreter_floor(exact: torch.Tensor, dtype: torch.dtype) -> float:
@@ -288,12 +293,21 @@ FOUND = [
          stats=("rowmax", "rowsum")),
     # a single bf16 output element: one truncation by the interpreter is a whole bf16 step (the test's floor)
     Spec("linear", batch=1, heads=1, kv_heads=1, q_len=1, kv_len=1, dim=16, dtype=torch.bfloat16),
+    # one key and a band of width 0: a mask term the facts fix to False on some tiles was emitted as the
+    # literal 0, and `x | 0` made the where's condition int32 (codegen/emit.py's _lit now writes False)
+    Spec("softmax", batch=1, heads=1, kv_heads=1, q_len=16, kv_len=1, dim=16, dtype=torch.float32, mask="band",
+         stats=("colmax",)),
+    # the entropy of a nearly one-hot row, 1.3e-4: eager itself is 5e-4 from the float64 answer, so the
+    # output is held to that answer (no worse than eager plus 1e-4); ours is 4e-4 from it
+    Spec("softmax", batch=1, heads=1, kv_heads=1, q_len=1, kv_len=4, dim=16, dtype=torch.float32, cap=30.0,
+         stats=("entropy",), seed=705),
 ]
 
 
 @pytest.mark.parametrize("spec", FOUND, ids=["colmax_fully_masked_rows", "fp16_large_scores", "bf16_linear",
                                              "single_query_softmax_colsum", "single_query_sigmoid_colsum",
-                                             "one_key_shared_output_node", "one_element_bf16"])
+                                             "one_key_shared_output_node", "one_element_bf16",
+                                             "band_of_one_key", "ill_conditioned_entropy"])
 def test_programs_the_fuzzer_found(spec: Spec):
     assert outcome(run_spec(spec)) == "fused"
 

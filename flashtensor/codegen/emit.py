@@ -45,8 +45,8 @@ _UN = {"exp": "tl.exp({})", "log": "tl.log({})", "abs": "tl.abs({})", "sqrt": "t
 
 
 def _lit(v) -> str:
-    if isinstance(v, bool):
-        return "1" if v else "0"
+    if isinstance(v, bool):     # Triton's bool, so `x | False` stays int1 (with 0 it became int32)
+        return "True" if v else "False"
     if isinstance(v, float):
         if math.isinf(v):
             return 'float("inf")' if v > 0 else 'float("-inf")'
