@@ -24,7 +24,7 @@ import torch
 
 from .analysis.facts import nan_absorbing_maxima
 from .codegen.emit import KernelSource, emit_kernel
-from .codegen.schedule import Schedule, ScheduleError, build_schedule
+from .codegen.schedule import MAX_WHOLE, Schedule, ScheduleError, build_schedule
 from .frontend.capture import capture
 from .ir.evaluate import evaluate
 from .ir.graph import Graph, Node, topo_order
@@ -176,7 +176,7 @@ def _search(prog: Program, fused: Graph, example: list[torch.Tensor]) -> dict:
         log.debug("loop form:\n%s", loops)
         nan_free = frozenset(nan_absorbing_maxima(loops))
         bufs = input_buffers(list(example) + [c.to(device) for c in consts])
-        candidates = partitions(loops, _accept)
+        candidates = partitions(loops, _accept, MAX_WHOLE)
         if device.type != "cuda" or interpreting():
             candidates = candidates[:1]     # choosing by time needs the real device
         start = time.perf_counter()

@@ -247,6 +247,17 @@ def test_launch_groups_cover_every_tile_once(monkeypatch):
     assert "gn = tl.minimum(2, 5 - g * 2)" in report.kernels[0].triton_source
 
 
+@pytest.mark.parametrize("cols,kernels", [(40, 1), (300, 2)])
+def test_short_rows_reduce_inside_the_kernel(cols, kernels):
+    """A softmax returned whole: rows of at most MAX_WHOLE (256) columns are held whole in the tile, so
+    the row statistics and the normalised values come from one kernel and one read of x; longer rows
+    take a statistics kernel, then the elementwise one."""
+    fn = lambda x: torch.softmax(x * 2.0, dim=-1)
+    x = torch.randn(3, 37, cols, generator=torch.Generator().manual_seed(cols))
+    report = _run(fn, (x,))
+    assert len(report.kernels) == kernels, [p.loop for p in report.properties]
+
+
 def test_report_lists_kernels():
     fn, args = W.make("h2o", device="cpu", dtype=torch.float32, S=64, H=2, D=32)
     report = _run(fn, args)
@@ -280,14 +291,17 @@ def test_every_candidate_partition_matches_eager(name, monkeypatch):
     seen = []
 
     def only(k):
-        def pick(loops, accept):
-            cands = partitions(loops, accept)
+        def pick(loops, accept, whole):
+            cands = partitions(loops, accept, whole)
             seen.append(len(cands))
             return cands[k:k + 1]
         return pick
 
-    for k in range(2):
+    k = 0
+    while k == 0 or k < seen[0]:
         monkeypatch.setattr(pipeline, "partitions", only(k))
         report = _run(fn, args)
-        assert len(report.kernels) == [2, 3][k]
-    assert seen[0] == 2, "the related-merges-only candidate should differ from the greedy one"
+        if k < 2:
+            assert len(report.kernels) == [2, 3][k]
+        k += 1
+    assert seen[0] >= 2, "the related-merges-only candidate should differ from the greedy one"

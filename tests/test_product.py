@@ -231,11 +231,12 @@ def test_debug_log_shows_every_stage_and_decision(caplog, tmp_path, monkeypatch)
 
 def test_debug_log_gives_the_reason_a_merge_is_rejected(caplog):
     def column_total_times_row_total(q, k):
-        """The column sum of q cannot join the attention kernel: that kernel's grid splits the rows."""
+        """The column sum of q cannot join the attention kernel: that kernel's grid splits the rows (300 of
+        them, too many to hold whole in a tile)."""
         return torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ k + q.sum(-2, keepdim=True)
 
     caplog.set_level(logging.DEBUG, logger="flashtensor")
-    q, k = torch.randn(2, 64, 16), torch.randn(2, 64, 16)
+    q, k = torch.randn(2, 300, 16), torch.randn(2, 300, 16)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FallbackWarning)
         assert_close(ft.compile(column_total_times_row_total, cache=False)(q, k), column_total_times_row_total(q, k))

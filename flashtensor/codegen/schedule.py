@@ -144,17 +144,21 @@ def build_schedule(plan: KernelPlan, loop_choice: Optional[Var] = None) -> Sched
                 shared = set(fs[0].vars).intersection(*[set(f.vars) for f in fs[1:]])
                 dot_batch |= shared - {n.attrs["var"]}
     free = [v for v in role.parallel if v not in dot_batch]
-    row = max(free, key=lambda v: (v.extent, -v.id)) if free else None
+    # a parallel variable the kernel also reduces over is held whole (the partition kept that reduction
+    # in: its extent is at most MAX_WHOLE), so it cannot be the grid's row variable
+    inner = {n.attrs["var"] for n in compute if n.op == "reduce"} & set(free)
+    rows = [v for v in free if v not in inner]
+    row = max(rows, key=lambda v: (v.extent, -v.id)) if rows else None
     all_vars = {v for n in nodes for v in n.vars} | {n.attrs["var"] for n in compute if n.op == "reduce"}
     reduced = sorted({n.attrs["var"] for n in compute if n.op == "reduce"} - parallel, key=lambda v: (-v.extent, v.id))
     candidates = [loop_choice] if loop_choice else (reduced or [None])
     # parallel variables held in the tile beside the row variable unless that breaks the tile shape; then
     # those that sit in one operand with the row (GQA's head-group index next to the query index), then all
-    # of them go to the grid instead
+    # of them but those reduced inside go to the grid instead
     beside_row = {v for n in compute if n.op == "reduce" and n.attrs["kind"] == "sum"
                   for f, _ in factorize(n.args[0]) if isinstance(f, LNode) and row in f.vars
                   for v in f.vars if v in free and v is not row}
-    to_grid = [set(), beside_row, set(free) - {row}]
+    to_grid = [set(), beside_row, set(free) - {row} - inner]
     errors = []
     for extra in [e for k, e in enumerate(to_grid) if e not in to_grid[:k]]:
         batch = sorted((parallel & dot_batch) | (parallel - set(free)) | extra, key=lambda v: v.id)

@@ -28,8 +28,9 @@ class KernelPlan:
         return {v for r in self.roots for v in r.vars}
 
 
-def _cuts(roots: list[LNode], parallel: set[Var], produced: set[LNode]) -> tuple[list[LNode], set[LNode]]:
-    """Reductions over a parallel variable reachable from `roots` (stopping at `produced`)."""
+def _cuts(roots: list[LNode], parallel: set[Var], produced: set[LNode], whole: int = 0) -> tuple[list[LNode], set[LNode]]:
+    """Reductions over a parallel variable reachable from `roots` (stopping at `produced`), except those
+    over a variable of extent at most `whole`, which a program can hold whole in its tile."""
     cuts: list[LNode] = []
     seen: set[int] = set()
     stack = list(roots)
@@ -42,7 +43,7 @@ def _cuts(roots: list[LNode], parallel: set[Var], produced: set[LNode]) -> tuple
         for a in n.inputs:
             if a in produced and a not in roots:
                 loads.add(a)
-            elif a.op == "reduce" and a.attrs["var"] in parallel and a not in roots:
+            elif a.op == "reduce" and a.attrs["var"] in parallel and a.attrs["var"].extent > whole and a not in roots:
                 cuts.append(a)
                 loads.add(a)
             else:
@@ -50,14 +51,21 @@ def _cuts(roots: list[LNode], parallel: set[Var], produced: set[LNode]) -> tuple
     return cuts, loads
 
 
-def partitions(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]]) -> list[list[KernelPlan]]:
+def partitions(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]], whole: int = 0) -> list[list[KernelPlan]]:
     """Candidate partitions for the tuner to time, the greedy one first. The second merges a group only
     into a kernel whose values it reads or that reads it: statistics that merely share the kernel's
     parallel variables (KeyFormer's noisy-softmax row statistics beside the attention output) get a
-    kernel of their own, which recomputes the shared scores but carries less per program."""
+    kernel of their own, which recomputes the shared scores but carries less per program. The third
+    keeps reductions over parallel variables of extent at most `whole` inside the kernel (a softmax
+    over short rows returned whole: one pass instead of statistics, then the elementwise pass)."""
     out: list[list[KernelPlan]] = []
-    for related_only in (False, True):
-        plans = partition(g, accept, related_only)
+    for related_only, short in ((False, 0), (True, 0), (False, whole)):
+        try:
+            plans = partition(g, accept, related_only, short)
+        except PartitionError:
+            if short:
+                continue
+            raise
         if all(_grouping(plans) != _grouping(o) for o in out):
             out.append(plans)
     return out
@@ -68,10 +76,11 @@ def _grouping(plans: list[KernelPlan]) -> set[frozenset[int]]:
 
 
 def partition(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]],
-              related_only: bool = False) -> list[KernelPlan]:
+              related_only: bool = False, whole: int = 0) -> list[KernelPlan]:
     """Cover the outputs with kernels. `accept(plan)` returns None if a kernel can be scheduled,
     else the reason; merges are only kept when accepted (and, with `related_only`, only between values
-    one of which reads the other). Kernels come out in dependency order."""
+    one of which reads the other); reductions over parallel variables of extent at most `whole` stay
+    in their kernel. Kernels come out in dependency order."""
     groups: list[list[LNode]] = []
     work = [o.node for o in g.outputs]
     produced: set[LNode] = set()
@@ -80,7 +89,7 @@ def partition(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]],
         if r in produced:
             continue
         produced.add(r)
-        cuts, _ = _cuts([r], set(r.vars), set())
+        cuts, _ = _cuts([r], set(r.vars), set(), whole)
         groups.append([r])
         work.extend(c for c in cuts if c not in produced)
     # group roots with nested parallel variables, largest first
@@ -92,7 +101,7 @@ def partition(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]],
             related = not related_only or any(id(gr[0]) in upstream[id(r)] or id(r) in upstream[id(gr[0])] for r in k)
             if set(gr[0].vars) <= {v for r in k for v in r.vars} and related:
                 trial = KernelPlan(k + gr)
-                trial.loads = _cuts(trial.roots, trial.parallel, produced)[1]
+                trial.loads = _cuts(trial.roots, trial.parallel, produced, whole)[1]
                 if accept(trial) is None:
                     k.extend(gr)
                     break
@@ -100,12 +109,12 @@ def partition(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]],
             kernels.append(list(gr))
     plans = [KernelPlan(k) for k in kernels]
     for p in plans:
-        p.loads = _cuts(p.roots, p.parallel, produced)[1]
+        p.loads = _cuts(p.roots, p.parallel, produced, whole)[1]
     if _order(plans) is None:
         # reading what another kernel stores instead of recomputing it closed a cycle (a value stored by
         # one kernel that needs another's statistics): recompute such values, load only the true cuts
         for p in plans:
-            p.loads = _cuts(p.roots, p.parallel, set())[1]
+            p.loads = _cuts(p.roots, p.parallel, set(), whole)[1]
     ordered = _order(plans)
     if ordered is None:
         raise PartitionError("kernels would depend on each other in a cycle")
