@@ -144,8 +144,9 @@ def build_schedule(plan: KernelPlan, loop_choice: Optional[Var] = None) -> Sched
                 shared = set(fs[0].vars).intersection(*[set(f.vars) for f in fs[1:]])
                 dot_batch |= shared - {n.attrs["var"]}
     free = [v for v in role.parallel if v not in dot_batch]
-    # a parallel variable the kernel also reduces over is held whole (the partition kept that reduction
-    # in: its extent is at most MAX_WHOLE), so it cannot be the grid's row variable
+    # a parallel variable the kernel also reduces over (a short axis the partition kept inside, or row
+    # statistics merged in as roots) is held whole, so it cannot be the grid's row; _finish checks that
+    # it fits (MAX_WHOLE)
     inner = {n.attrs["var"] for n in compute if n.op == "reduce"} & set(free)
     rows = [v for v in free if v not in inner]
     row = max(rows, key=lambda v: (v.extent, -v.id)) if rows else None
