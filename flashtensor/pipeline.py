@@ -40,7 +40,6 @@ from .transform.loopform import LoweringError, to_loops
 
 log = logging.getLogger(__name__)
 progress = logging.getLogger("flashtensor.progress")   # one line per tuned kernel (see flashtensor/__init__.py)
-CHECK_BYTES, MAX_CHECK_PROGRAMS = 64 << 10, 4096     # the finite check's programs (see _tune_kernels)
 
 
 class FallbackWarning(UserWarning):
@@ -245,21 +244,16 @@ def _tune_kernels(loops: LoopGraph, schedules: list[Schedule], faithful: bool, n
     for o in loops.outputs:
         owner.setdefault(o.node, []).append(o)
     loaded = frozenset(n for s in schedules for n in s.plan.loads)
-    # the finite check (codegen.emit.emit_kernel): programs that each read about CHECK_BYTES, spread over
-    # the kernels, whose spare memory bandwidth hides it
+    # the finite check (codegen.emit.emit_kernel): kernel k's programs check the k-th of equal parts of
+    # every floating input, each program a piece, after its own tile
     check = tuple(i for i, (_, dt) in enumerate(loops.inputs) if dt.is_floating_point)
-    total = sum(math.prod(loops.inputs[i][0]) * loops.inputs[i][1].itemsize for i in check)
-    programs = 1 if interpreting() else min(max(1, total // CHECK_BYTES), MAX_CHECK_PROGRAMS)
-    shares, slots = [], 0
-    if check and any(s.skip or s.special for s in schedules):
-        per = -(-programs // len(schedules))
-        shares, slots = [(k * per, per) for k in range(len(schedules))], per * len(schedules)
+    slots = len(schedules) if check and any(s.skip or s.special for s in schedules) else 0
     launches = []
     for k, s in enumerate(schedules):
         roots = {r: owner[r] for r in s.plan.roots if r in owner}
         la = tune(lambda cfg: emit_kernel(s, f"ft_kernel{k}", loops.inputs, roots, *cfg, faithful=faithful,
                                           nan_free=nan_free, loaded_later=loaded, slots=slots, check=check,
-                                          share=shares[k] if shares else (0, 0)), bufs, device)
+                                          share=(k, 1)), bufs, device)
         la(bufs)
         log.debug("kernel %d source:\n%s", k, la.source.source)
         tuned(k, la)

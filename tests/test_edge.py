@@ -230,11 +230,12 @@ def test_every_share_of_every_input_is_checked(which):
     """The finite check splits each input into shares checked by programs of different kernels: a NaN at
     the start, middle or end of any input (where the causal mask skips it or not) gives eager's NaNs."""
     fn, args = workloads.make("h2o", device="cpu", dtype=torch.float32, S=300, H=2, D=16, seed=which)
-    # 9600 elements per input: under the interpreter each of the 2 kernels checks one share of 6144
-    # (pipeline._tune_kernels), so 6143 and 6144 sit on either side of the boundary between them
+    # 9600 elements per input: each of the 2 kernels checks one half (pipeline._tune_kernels), split into
+    # pieces of 800 over the 2 x 3 programs of 128 rows under the interpreter; so 799 and 800 sit on either
+    # side of a boundary between two programs, 4799 and 4800 on either side of that between the kernels
     c = ft.compile(fn)
     n = args[which].numel()
-    for pos in (0, n // 2 - 1, n // 2 + 3, 6143, 6144, n - 1):
+    for pos in (0, 799, 800, n // 2 - 1, n // 2, n // 2 + 3, n - 1):
         bad = [a.clone() for a in args]
         bad[which].view(-1)[pos] = float("nan")
         for out, ref in zip(c(*bad), fn(*bad)):

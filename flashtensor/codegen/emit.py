@@ -71,7 +71,7 @@ class Buffer:
 
 
 FINITE = ("finite",)   # buffer key of the finite-check flag: zeroed per call, NaN once a check finds a non-finite input
-CHECK_BLOCK = 2048      # elements per step of the finite check
+CHECK_BLOCK = 8192      # most elements per step of the finite check
 GROUP_PROGRAMS = 512    # programs per launch-order group (see _placement): a couple of waves on a large GPU
 
 
@@ -85,7 +85,6 @@ class KernelSource:
     num_stages: int
     blocks: dict[str, int] = field(default_factory=dict)
     assumes_finite: bool = False   # it skips tiles by value facts that hold for finite inputs
-    check_programs: int = 0        # programs after the grid's own that check a share of the inputs
     fixup: bool = False            # relaunched with MODE=1 after the plan: recomputes unless the check passed
 
 
@@ -560,12 +559,12 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
     `loaded_later` are also stored as intermediates, in the layout later kernels read.
 
     Skipping and constant folding assume finite inputs. In a plan with `slots` > 0 the kernel runs twice:
-    with MODE=0 it assumes them, and extra programs after the grid's own check slots share[0] to
-    share[0] + share[1] - 1 of the `slots` equal shares of the inputs `check` names: each sums x * 0 over
-    its share and sets the zeroed flag to NaN when that is not 0. With MODE=1, after the whole plan, it
-    returns at once when the flag is 0 and otherwise recomputes every tile as eager does. The check runs
-    beside the kernels' own programs and nothing waits for it: no host sync, no pass over the inputs
-    before the kernels."""
+    with MODE=0 it assumes them, and each program, once its tile is stored, checks an equal piece of parts
+    share[0] to share[0] + share[1] - 1 of the `slots` equal parts of the inputs `check` names: it sums
+    x * 0 over its piece and sets the zeroed flag to NaN when that is not 0. With MODE=1, after the whole
+    plan, it returns at once when the flag is 0 and otherwise recomputes every tile as eager does. The
+    check's loads overlap other programs' arithmetic and nothing waits for it: no host sync, no pass over
+    the inputs before the kernels, no programs of its own in the tail."""
     em = _Emitter(s, inputs, block_row, block_loop, faithful, nan_free)
     body: list[str] = []
     final_cache: dict[int, tuple[str, list[Var]]] = {}
@@ -617,8 +616,9 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
     grid1 = math.prod(v.extent for v in s.batch)
     ntiles = -(-s.row.extent // em.blk[s.row]) if s.row is not None else 1
     tiles = ntiles * grid1
-    checkers = share[1] if slots and check else 0
-    prog = _guard(em, slots, check, share[0], checkers, tiles)
+    if slots and check:
+        body += _check(em, slots, check, share, tiles)
+    prog = _guard(em, slots)
     buffers = list(em.bufs.values())
     head = [f"def {name}({', '.join(b.name for b in buffers)}, MODE: tl.constexpr):"]
     prog += _placement(em, ntiles, grid1)
@@ -628,7 +628,7 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
     src = "import triton\nimport triton.language as tl\n\n" + _HELPERS + "\n\n@triton.jit\n" + "\n".join(lines) + "\n"
     blocks = {str(v): em.blk[v] for v in em.blk}
     return KernelSource(name, src, buffers, (tiles,), num_warps, num_stages, blocks, bool(s.skip or s.special),
-                        checkers, slots > 0)
+                        slots > 0)
 
 
 def _segments(em: _Emitter) -> list[tuple[str, str, frozenset, bool]]:
@@ -710,33 +710,43 @@ def _placement(em: _Emitter, ntiles: int, grid1: int) -> list[str]:
     return out
 
 
-def _guard(em: _Emitter, slots: int, check: tuple, first: int, checkers: int, tiles: int) -> list[str]:
-    """Kernel prologue for the finite check and the fixup pass (see emit_kernel)."""
+def _check(em: _Emitter, slots: int, check: tuple, share: tuple, tiles: int) -> list[str]:
+    """The finite check's lines at the end of a MODE=0 program (see emit_kernel): this program's piece of
+    the kernel's parts of each checked input, summed as x * 0 in the input's own precision (two half
+    values per instruction). Inputs of one size share a loop, so their loads are in flight together."""
+    flag = em.buffer(FINITE, (1,), torch.float32, "intermediate", written=True)
+    sizes: dict[int, list[int]] = {}
+    for i in check:
+        sizes.setdefault(math.prod(em.inputs[i][0]), []).append(i)
+    inits, out = [], []
+    for n, group in sizes.items():
+        part = -(-n // slots)
+        start, stop = share[0] * part, min(n, (share[0] + share[1]) * part)
+        per = -(-(stop - start) // tiles)
+        blk = min(CHECK_BLOCK, _pow2(per))
+        out += [f"    end = tl.minimum({start} + (pid64 + 1) * {per}, {stop})",
+                f"    for off in range({start} + pid64 * {per}, end, {blk}):",
+                f"        o = off + tl.arange(0, {blk})"]
+        for i in group:
+            shape, dtype = em.inputs[i]
+            inits.append(f"    chk{i} = tl.zeros([{blk}], {_TL[dtype]})")
+            out.append(f"        chk{i} += tl.load({em.buffer(('in', i), shape, dtype, 'input')} + o, mask=o < end, other=0) * 0")
+    total = " + ".join(f"tl.sum(chk{i}.to(tl.float32), 0)" for i in check)
+    head = ["if MODE == 0:     # this program's piece of the finite check", "    pid64 = pid.to(tl.int64)"]
+    return head + inits + out + [f"    if {total} != 0:     # NaN: some value here is NaN or inf", f"        tl.store({flag}, float(\"nan\"))"]
+
+
+def _guard(em: _Emitter, slots: int) -> list[str]:
+    """Kernel prologue for the fixup pass (see emit_kernel)."""
     if not slots:
         return ["fin = 1"]
-    flag = em.buffer(FINITE, (1,), torch.float32, "intermediate", written=bool(checkers))
-    out = []
-    if checkers:
-        out += ["if MODE == 0:", f"    if tl.program_id(0) >= {tiles}:     # a checking program",
-                f"        slot = {first} + tl.program_id(0) - {tiles}",
-                f"        chk = tl.zeros([{CHECK_BLOCK}], tl.float32)"]
-        for i in check:
-            shape, dtype = em.inputs[i]
-            n = math.prod(shape)
-            per = -(-n // (slots * CHECK_BLOCK)) * CHECK_BLOCK
-            buf = em.buffer(("in", i), shape, dtype, "input")
-            out += [f"        for off in range(slot.to(tl.int64) * {per}, tl.minimum((slot.to(tl.int64) + 1) * {per}, {n}), {CHECK_BLOCK}):",
-                    f"            o = off + tl.arange(0, {CHECK_BLOCK})",
-                    f"            chk += tl.load({buf} + o, mask=o < {n}, other=0).to(tl.float32) * 0.0"]
-        out += ["        if tl.sum(chk, 0) != 0:     # NaN: some value here is NaN or inf",
-                f"            tl.store({flag}, float(\"nan\"))", "        return"]
-    out += ["if MODE == 1:     # the fixup pass",
+    flag = em.buffer(FINITE, (1,), torch.float32, "intermediate")
+    return ["if MODE == 1:     # the fixup pass",
             f"    if tl.load({flag}) == 0:     # every input finite: the first pass was exact",
             "        return",
             "    fin = 0",
             "else:",
             "    fin = 1"]
-    return out
 
 
 def _span(em: _Emitter, h: Affine) -> tuple[int, str, str]:

@@ -46,12 +46,10 @@ class Launch:
     ms: float = 0.0          # the tuner's median time on the device (0 where nothing was timed)
 
     def __call__(self, buffers: dict, fixup: bool = False) -> None:
-        """MODE=0: the kernel's programs plus those that check its share of the inputs; MODE=1: the
-        fixup pass (codegen.emit.emit_kernel says what it does)."""
+        """MODE=0: the kernel, each program also checking its piece of the inputs; MODE=1: the fixup pass
+        (codegen.emit.emit_kernel says what both do)."""
         args = [buffers[b.source] for b in self.source.buffers]
-        (tiles,) = self.source.grid
-        grid = (tiles if fixup else tiles + self.source.check_programs,)
-        self.fn[grid](*args, MODE=int(fixup), num_warps=self.source.num_warps, num_stages=self.source.num_stages)
+        self.fn[self.source.grid](*args, MODE=int(fixup), num_warps=self.source.num_warps, num_stages=self.source.num_stages)
 
 
 def input_buffers(inputs: Sequence[torch.Tensor]) -> dict:
