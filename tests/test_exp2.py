@@ -70,3 +70,21 @@ def test_max_read_elsewhere_is_divided_back():
     folded = fold_exp2(loops, through_half=True)
     assert sum(n.op == "reduce" and n.attrs["kind"] == "max" for n in folded.nodes) == 1
     _check(loops, folded, ins, 1e-5)
+
+
+def test_log_under_an_exp_becomes_log2_and_a_log_output_stays():
+    """log x * c inside an exponential is log2 x * (c ln 2), which kernels may compute approximately;
+    the same log returned on its own keeps the accurate op."""
+    def fn(s, u):
+        g = -u.log()
+        return F.softmax((s + g) / 1.5, dim=-1), u.log().sum(-1)
+
+    g = torch.Generator().manual_seed(4)
+    args = (torch.randn(3, 19, 29, generator=g), 0.5 + torch.rand(3, 19, 29, generator=g) * 4)
+    loops, ins = _loops(fn, args)
+    folded = fold_exp2(loops, through_half=True)
+    ops = [n.op for n in folded.nodes]
+    assert ops.count("log2_approx") == 1 and ops.count("log") == 1, ops
+    consts = [a for n in folded.nodes if n.op == "mul" and n.args[0].op == "log2_approx" for a in n.args[1:]]
+    assert consts and abs(consts[0] - 1 / 1.5) < 1e-12, consts      # ln 2 * log2 e / 1.5 merged
+    _check(loops, folded, ins, 1e-5)

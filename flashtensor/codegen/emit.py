@@ -29,6 +29,18 @@ _BIN = {"add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "div": "({} 
 # tl.max/tl.min drop NaNs (maxnum); torch's amax/amin/maximum propagate them, so kernels reduce with these
 _NAN_REDUCE = {"max": "_max_nan", "min": "_min_nan"}
 _HELPERS = """
+_INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
+@triton.jit
+def _log2_approx(x):
+    # the GPU's lg2.approx, as accurate as the ex2.approx that tl.exp2 is; the interpreter has no inline asm
+    if _INTERPRETED:
+        return tl.log2(x)
+    else:
+        return tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+
+
 @triton.jit
 def _max_nan(a, b):
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
@@ -39,7 +51,7 @@ def _min_nan(a, b):
     return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
 """
 _UN = {"exp": "tl.exp({})", "log": "tl.log({})", "abs": "tl.abs({})", "sqrt": "tl.sqrt({})", "rsqrt": "tl.rsqrt({})",
-       "exp2": "tl.exp2({})", "log2": "tl.log2({})", "neg": "(-{})", "reciprocal": "(1.0 / {})",
+       "exp2": "tl.exp2({})", "log2": "tl.log2({})", "log2_approx": "_log2_approx({})", "neg": "(-{})", "reciprocal": "(1.0 / {})",
        "sigmoid": f"(1.0 / (1.0 + tl.exp2({-_LOG2E!r} * {{}})))", "tanh": f"(1.0 - 2.0 / (tl.exp2({2 * _LOG2E!r} * {{}}) + 1.0))",
        "logical_not": "({} == 0)"}
 
@@ -72,6 +84,7 @@ class Buffer:
 
 FINITE = ("finite",)   # buffer key of the finite-check flag: zeroed per call, NaN once a check finds a non-finite input
 CHECK_BLOCK = 8192      # most elements per step of the finite check
+FIXUP_PROGRAMS = 264    # programs of the fixup pass (two per SM of an H100 or H200)
 GROUP_PROGRAMS = 512    # programs per launch-order group (see _placement): a couple of waves on a large GPU
 
 
@@ -616,16 +629,13 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
     grid1 = math.prod(v.extent for v in s.batch)
     ntiles = -(-s.row.extent // em.blk[s.row]) if s.row is not None else 1
     tiles = ntiles * grid1
-    if slots and check:
-        body += _check(em, slots, check, share, tiles)
-    prog = _guard(em, slots)
+    tile = _placement(em, ntiles, grid1) + [f"o_{v} = tl.arange(0, {em.blk[v]})" for v in s.whole] + em.pre + body
+    checked = tile + (_check(em, slots, check, share, tiles) if slots and check else [])
+    prog = _modes(em, slots, tiles, tile, checked)
     buffers = list(em.bufs.values())
     head = [f"def {name}({', '.join(b.name for b in buffers)}, MODE: tl.constexpr):"]
-    prog += _placement(em, ntiles, grid1)
-    for v in s.whole:
-        prog.append(f"o_{v} = tl.arange(0, {em.blk[v]})")
-    lines = head + ["    " + ln for ln in prog + em.pre + body]
-    src = "import triton\nimport triton.language as tl\n\n" + _HELPERS + "\n\n@triton.jit\n" + "\n".join(lines) + "\n"
+    lines = head + ["    " + ln for ln in prog]
+    src = "import os\n\nimport triton\nimport triton.language as tl\n\n" + _HELPERS + "\n\n@triton.jit\n" + "\n".join(lines) + "\n"
     blocks = {str(v): em.blk[v] for v in em.blk}
     return KernelSource(name, src, buffers, (tiles,), num_warps, num_stages, blocks, bool(s.skip or s.special),
                         slots > 0)
@@ -692,7 +702,7 @@ def _placement(em: _Emitter, ntiles: int, grid1: int) -> list[str]:
     about GROUP_PROGRAMS programs: the longest tiles of a group start together and its shortest end it,
     so the last wave is short, while a group's batch entries are few enough to share the cache."""
     s = em.s
-    out = ["pid = tl.program_id(0)"]
+    out = []
     group = max(1, min(grid1, GROUP_PROGRAMS // ntiles))
     if group >= grid1:
         out += [f"t = pid // {grid1}", f"b = pid % {grid1}"]
@@ -736,17 +746,19 @@ def _check(em: _Emitter, slots: int, check: tuple, share: tuple, tiles: int) -> 
     return head + inits + out + [f"    if {total} != 0:     # NaN: some value here is NaN or inf", f"        tl.store({flag}, float(\"nan\"))"]
 
 
-def _guard(em: _Emitter, slots: int) -> list[str]:
-    """Kernel prologue for the fixup pass (see emit_kernel)."""
+def _modes(em: _Emitter, slots: int, tiles: int, tile: list[str], checked: list[str]) -> list[str]:
+    """The kernel body: one tile per program, then its piece of the check (MODE=0); in a plan with a check,
+    also the fixup pass (MODE=1), whose FIXUP_PROGRAMS programs return at once when the flag is 0 and
+    otherwise loop over the tiles (see emit_kernel). Few programs keep the usual, finite case cheap."""
     if not slots:
-        return ["fin = 1"]
+        return ["fin = 1", "pid = tl.program_id(0)"] + tile
     flag = em.buffer(FINITE, (1,), torch.float32, "intermediate")
     return ["if MODE == 1:     # the fixup pass",
             f"    if tl.load({flag}) == 0:     # every input finite: the first pass was exact",
             "        return",
             "    fin = 0",
-            "else:",
-            "    fin = 1"]
+            f"    for pid in range(tl.program_id(0), {tiles}, tl.num_programs(0)):"] + ["        " + ln for ln in tile] + \
+           ["else:", "    fin = 1", "    pid = tl.program_id(0)"] + ["    " + ln for ln in checked]
 
 
 def _span(em: _Emitter, h: Affine) -> tuple[int, str, str]:

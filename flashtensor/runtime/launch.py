@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from ..codegen.emit import FINITE, KernelSource
+from ..codegen.emit import FINITE, FIXUP_PROGRAMS, KernelSource
 
 
 def cache_dir() -> Path:
@@ -49,7 +49,8 @@ class Launch:
         """MODE=0: the kernel, each program also checking its piece of the inputs; MODE=1: the fixup pass
         (codegen.emit.emit_kernel says what both do)."""
         args = [buffers[b.source] for b in self.source.buffers]
-        self.fn[self.source.grid](*args, MODE=int(fixup), num_warps=self.source.num_warps, num_stages=self.source.num_stages)
+        (tiles,) = self.source.grid
+        self.fn[(min(tiles, FIXUP_PROGRAMS),) if fixup else (tiles,)](*args, MODE=int(fixup), num_warps=self.source.num_warps, num_stages=self.source.num_stages)
 
 
 def input_buffers(inputs: Sequence[torch.Tensor]) -> dict:

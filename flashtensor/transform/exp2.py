@@ -7,6 +7,11 @@ into the scale: `exp(s * c - max(s * c))` becomes `exp2(s * (c log2 e) - max(s *
 A max or min that the pushed factor meets is taken over the scaled values (log2 e > 0
 keeps the order), and its other readers see it divided back, a per-row cost.
 
+A float32 log the factor reaches becomes log2 (log x * log2 e = log2 x), computed on the GPU's
+approximate unit like exp2 itself: under an exponential its absolute error of about 1e-7 is a
+relative one in the result, far inside the float32 contract, and the accurate log costs some
+twenty instructions per element (KeyFormer's Gumbel noise).
+
 Half-precision values are only scaled through when the kernels compute them in float32
 without rounding (`through_half`); where eager's fp16 rounding is reproduced, scaling
 before the rounding would change the rounded value, so the factor stops there.
@@ -75,6 +80,10 @@ class _Folder:
             return self.node("where", (a[0], self.scale(a[1], c), self.scale(a[2], c)), x.dtype)
         if op == "scalar":
             return self.node("scalar", (), x.dtype, value=float(x.attrs["value"]) * c)
+        if op == "log" and x.dtype == torch.float32:     # log x * c = log2 x * (c ln 2), under an exp
+            lg = self.node("log2_approx", (a[0],), x.dtype)
+            k = c * math.log(2.0)
+            return lg if abs(k - 1.0) < 1e-15 else self.node("mul", (lg, k), x.dtype)
         if op == "cast" and a[0].dtype.is_floating_point and not self.opaque_to_scaling(a[0]):
             return self.node("cast", (self.scale(a[0], c),), x.dtype)
         return self.node("mul", (x, c), x.dtype)
