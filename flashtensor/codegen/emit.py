@@ -51,7 +51,8 @@ def _min_nan(a, b):
     return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
 """
 _UN = {"exp": "tl.exp({})", "log": "tl.log({})", "abs": "tl.abs({})", "sqrt": "tl.sqrt({})", "rsqrt": "tl.rsqrt({})",
-       "exp2": "tl.exp2({})", "log2": "tl.log2({})", "log2_approx": "_log2_approx({})", "neg": "(-{})", "reciprocal": "(1.0 / {})",
+       "exp2": "tl.exp2({})", "log2": "tl.log2({})", "log2_approx": "_log2_approx({})", "neg": "(-{})",
+       "reciprocal": "(1.0 / {})",
        "sigmoid": f"(1.0 / (1.0 + tl.exp2({-_LOG2E!r} * {{}})))", "tanh": f"(1.0 - 2.0 / (tl.exp2({2 * _LOG2E!r} * {{}}) + 1.0))",
        "logical_not": "({} == 0)"}
 
@@ -635,7 +636,8 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
     buffers = list(em.bufs.values())
     head = [f"def {name}({', '.join(b.name for b in buffers)}, MODE: tl.constexpr):"]
     lines = head + ["    " + ln for ln in prog]
-    src = "import os\n\nimport triton\nimport triton.language as tl\n\n" + _HELPERS + "\n\n@triton.jit\n" + "\n".join(lines) + "\n"
+    src = "import os\n\nimport triton\nimport triton.language as tl\n\n" + _HELPERS + "\n\n@triton.jit\n" + \
+        "\n".join(lines) + "\n"
     blocks = {str(v): em.blk[v] for v in em.blk}
     return KernelSource(name, src, buffers, (tiles,), num_warps, num_stages, blocks, bool(s.skip or s.special),
                         slots > 0)
@@ -743,7 +745,8 @@ def _check(em: _Emitter, slots: int, check: tuple, share: tuple, tiles: int) -> 
             out.append(f"        chk{i} += tl.load({em.buffer(('in', i), shape, dtype, 'input')} + o, mask=o < end, other=0) * 0")
     total = " + ".join(f"tl.sum(chk{i}.to(tl.float32), 0)" for i in check)
     head = ["if MODE == 0:     # this program's piece of the finite check", "    pid64 = pid.to(tl.int64)"]
-    return head + inits + out + [f"    if {total} != 0:     # NaN: some value here is NaN or inf", f"        tl.store({flag}, float(\"nan\"))"]
+    return head + inits + out + [f"    if {total} != 0:     # NaN: some value here is NaN or inf",
+                                 f"        tl.store({flag}, float(\"nan\"))"]
 
 
 def _modes(em: _Emitter, slots: int, tiles: int, tile: list[str], checked: list[str]) -> list[str]:

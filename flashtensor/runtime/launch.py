@@ -50,7 +50,8 @@ class Launch:
         (codegen.emit.emit_kernel says what both do)."""
         args = [buffers[b.source] for b in self.source.buffers]
         (tiles,) = self.source.grid
-        self.fn[(min(tiles, FIXUP_PROGRAMS),) if fixup else (tiles,)](*args, MODE=int(fixup), num_warps=self.source.num_warps, num_stages=self.source.num_stages)
+        grid = (min(tiles, FIXUP_PROGRAMS),) if fixup else (tiles,)
+        self.fn[grid](*args, MODE=int(fixup), num_warps=self.source.num_warps, num_stages=self.source.num_stages)
 
 
 def input_buffers(inputs: Sequence[torch.Tensor]) -> dict:
