@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from .analysis.facts import nan_absorbing_maxima
+from .analysis.facts import input_domains, nan_absorbing_maxima
 from .codegen.emit import KernelSource, emit_kernel
 from .codegen.schedule import MAX_WHOLE, Schedule, ScheduleError, build_schedule
 from .frontend.capture import capture
@@ -245,8 +245,10 @@ def _tune_kernels(loops: LoopGraph, schedules: list[Schedule], faithful: bool, n
         owner.setdefault(o.node, []).append(o)
     loaded = frozenset(n for s in schedules for n in s.plan.loads)
     # the finite check (codegen.emit.emit_kernel): kernel k's programs check the k-th of equal parts of
-    # every floating input, each program a piece, after its own tile
-    check = tuple(i for i, (_, dt) in enumerate(loops.inputs) if dt.is_floating_point)
+    # every floating input, each program a piece, after its own tile; an input a log, a square root or a
+    # division reads must also lie in that op's domain
+    domains = input_domains(loops)
+    check = {i: domains.get(i) for i, (_, dt) in enumerate(loops.inputs) if dt.is_floating_point}
     slots = len(schedules) if check and any(s.skip or s.special for s in schedules) else 0
     launches = []
     for k, s in enumerate(schedules):

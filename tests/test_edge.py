@@ -8,8 +8,11 @@ import torch
 
 import flashtensor as ft
 from flashtensor import workloads
-from flashtensor.frontend.capture import CaptureError
-from flashtensor.pipeline import FallbackWarning
+from flashtensor.analysis.facts import input_domains
+from flashtensor.frontend.capture import CaptureError, capture
+from flashtensor.pipeline import FallbackWarning, fusable_part
+from flashtensor.transform.decompose import decompose
+from flashtensor.transform.loopform import to_loops
 
 from conftest import as_tuple, assert_close
 
@@ -111,6 +114,37 @@ def test_finite_inputs_after_nan_inputs_run_the_kernels_again():
     (prog,) = c.programs.values()
     assert prog.launches and any(kernel.assumes_finite for kernel in prog.kernels)
     assert len(c.programs) == 1
+
+
+@pytest.mark.parametrize("value", [0.0, -2.0])
+@pytest.mark.parametrize("pos", [(0, 1, 5, 290), (0, 0, 250, 10)])
+def test_finite_inputs_outside_a_logs_domain_match_eager(value, pos):
+    """KeyFormer's noise is finite at 0 or -2, but -log of it is +inf or NaN, and -inf + inf is NaN in the
+    masked tile the kernels skip (the first position; the second is unmasked): eager's softmax row is
+    NaN there, so every column sum is. The check holds the noise to log's domain as well."""
+    fn, args = workloads.make("keyformer", device="cpu", dtype=torch.float32, S=300, H=2, D=16)
+    c = ft.compile(fn)
+    bad = [a.clone() for a in args]
+    bad[3][pos] = value
+    ref = fn(*bad)
+    assert ref[1][pos[:2]].isnan().all() and not ref[1][0, 1 - pos[1]].isnan().any()
+    for out, r in zip(c(*bad), ref):
+        assert_close(out, r)
+    for out, r in zip(c(*args), fn(*args)):     # and the kernels' own answer again
+        assert_close(out, r)
+    (prog,) = c.programs.values()
+    assert prog.launches and any(kernel.assumes_finite for kernel in prog.kernels)
+
+
+def test_input_domains_follow_the_ops_that_read_an_input():
+    """log and rsqrt need positive values, sqrt non-negative ones, a divisor non-zero ones; through casts;
+    an input read by several such ops needs all; one read only by arithmetic needs nothing."""
+    def fn(a, b, c, d, e):
+        return a.log() + (b * 2).sqrt() + c.sqrt() / d.double().float() + e.rsqrt() + 1 / e.sqrt() + b
+
+    xs = [torch.rand(4, 8) + 0.5 for _ in range(5)]
+    loops, _ = to_loops(fusable_part(decompose(capture(fn, xs))))
+    assert input_domains(loops) == {0: "positive", 2: "nonneg", 3: "nonzero", 4: "positive"}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

@@ -7,6 +7,8 @@ is -inf on {j - i - 1 >= 0} and 0 on {i - j >= 0}. Facts flow through arithmetic
 is finite; that is the assumption every fused attention kernel makes. Where the facts
 themselves say the other operand is not finite (the row max of a fully masked row is
 -inf, so s - max is NaN there, not -inf) that region is cut out of the absorbed one.
+Finite inputs can still give non-finite values: `input_domains` says what a runtime check
+must also require of an input that a log, a square root or a division reads directly.
 """
 from __future__ import annotations
 
@@ -229,3 +231,29 @@ def nan_absorbing_maxima(g) -> set[LNode]:
                              all(normalised(w, e, v) for w in users[id(e)]) for e in exps):
             found.add(d)
     return found
+
+
+# what an op needs of its argument for a finite result: log(0) = -inf, sqrt(-1) = NaN, 1 / 0 = inf
+_DOMAIN = {"log": "positive", "log2": "positive", "log2_approx": "positive", "rsqrt": "positive",
+           "sqrt": "nonneg", "reciprocal": "nonzero"}
+
+
+def input_domains(g) -> dict[int, str]:
+    """Program inputs that a log, log2 or rsqrt ("positive"), a sqrt ("nonneg"), or a division or
+    reciprocal as the divisor ("nonzero") reads directly or through casts, with what their values must
+    satisfy. A finite noise entry of 0 under KeyFormer's -log is +inf there, and -inf + inf is NaN in a
+    masked tile the kernels skip; checking finiteness alone would miss it. Values computed from the
+    inputs (a log of a product that underflows) are not covered."""
+    need: dict[int, set[str]] = {}
+    for n in g.nodes:
+        if n.op in _DOMAIN:
+            arg, what = n.args[0], _DOMAIN[n.op]
+        elif n.op == "div":
+            arg, what = n.args[1], "nonzero"
+        else:
+            continue
+        while isinstance(arg, LNode) and arg.op == "cast":
+            arg = arg.args[0]
+        if isinstance(arg, LNode) and arg.op == "load" and isinstance(arg.attrs["input"], int):
+            need.setdefault(arg.attrs["input"], set()).add(what)
+    return {i: next(iter(w)) if len(w) == 1 else "positive" for i, w in need.items()}

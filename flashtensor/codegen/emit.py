@@ -566,7 +566,7 @@ class _Body:
 def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: int = 128, block_loop: int = 64,
                 num_warps: int = 4, num_stages: int = 2, faithful: bool = False,
                 nan_free: frozenset = frozenset(), loaded_later: frozenset = frozenset(),
-                slots: int = 0, check: tuple = (), share: tuple = (0, 0)) -> KernelSource:
+                slots: int = 0, check: Optional[dict] = None, share: tuple = (0, 0)) -> KernelSource:
     """Triton source for schedule `s`. `outputs` maps a root to its program outputs (others are intermediates).
     `faithful` rounds half-precision values as eager does (see `_Emitter.rounded`); reductions in `nan_free`
     use the fast max that skips NaN (analysis.facts.nan_absorbing_maxima says where that is exact); roots in
@@ -575,8 +575,9 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
     Skipping and constant folding assume finite inputs. In a plan with `slots` > 0 the kernel runs twice:
     with MODE=0 it assumes them, and each program, once its tile is stored, checks an equal piece of parts
     share[0] to share[0] + share[1] - 1 of the `slots` equal parts of the inputs `check` names: it sums
-    x * 0 over its piece and sets the zeroed flag to NaN when that is not 0. With MODE=1, after the whole
-    plan, it returns at once when the flag is 0 and otherwise recomputes every tile as eager does. The
+    x * 0 over its piece (NaN where x lies outside the domain `check` gives it, see
+    analysis.facts.input_domains) and sets the zeroed flag to NaN when that is not 0. With MODE=1, after
+    the whole plan, it returns at once when the flag is 0 and otherwise recomputes every tile as eager does. The
     check's loads overlap other programs' arithmetic and nothing waits for it: no host sync, no pass over
     the inputs before the kernels, no programs of its own in the tail."""
     em = _Emitter(s, inputs, block_row, block_loop, faithful, nan_free)
@@ -722,7 +723,10 @@ def _placement(em: _Emitter, ntiles: int, grid1: int) -> list[str]:
     return out
 
 
-def _check(em: _Emitter, slots: int, check: tuple, share: tuple, tiles: int) -> list[str]:
+_IN_DOMAIN = {"positive": "{} > 0", "nonneg": "{} >= 0", "nonzero": "{} != 0"}
+
+
+def _check(em: _Emitter, slots: int, check: dict, share: tuple, tiles: int) -> list[str]:
     """The finite check's lines at the end of a MODE=0 program (see emit_kernel): this program's piece of
     the kernel's parts of each checked input, summed as x * 0 in the input's own precision (two half
     values per instruction). Inputs of one size share a loop, so their loads are in flight together."""
@@ -742,7 +746,13 @@ def _check(em: _Emitter, slots: int, check: tuple, share: tuple, tiles: int) -> 
         for i in group:
             shape, dtype = em.inputs[i]
             inits.append(f"    chk{i} = tl.zeros([{blk}], {_TL[dtype]})")
-            out.append(f"        chk{i} += tl.load({em.buffer(('in', i), shape, dtype, 'input')} + o, mask=o < end, other=0) * 0")
+            dom = check[i]
+            load = f"tl.load({em.buffer(('in', i), shape, dtype, 'input')} + o, mask=o < end, other={1 if dom else 0})"
+            if dom:     # outside the domain counts as not finite (1 is inside every domain)
+                out += [f"        v{i} = {load}",
+                        f"        chk{i} += tl.where({_IN_DOMAIN[dom].format(f'v{i}')}, v{i} * 0, float(\"nan\"))"]
+            else:
+                out.append(f"        chk{i} += {load} * 0")
     total = " + ".join(f"tl.sum(chk{i}.to(tl.float32), 0)" for i in check)
     head = ["if MODE == 0:     # this program's piece of the finite check", "    pid64 = pid.to(tl.int64)"]
     return head + inits + out + [f"    if {total} != 0:     # NaN: some value here is NaN or inf",
