@@ -16,7 +16,7 @@ import math
 import operator
 from typing import Optional
 
-from ..ir.loops import Affine, LNode
+from ..ir.loops import Affine, LNode, LoopGraph
 
 Region = tuple[Affine, ...]      # conjunction of half-planes e >= 0
 Fact = tuple[Region, object]     # the node equals the constant on the region
@@ -238,7 +238,7 @@ _DOMAIN = {"log": "positive", "log2": "positive", "log2_approx": "positive", "rs
            "sqrt": "nonneg", "reciprocal": "nonzero"}
 
 
-def input_domains(g) -> dict[int, str]:
+def input_domains(g: LoopGraph) -> dict[int, str]:
     """Program inputs that a log, log2 or rsqrt ("positive"), a sqrt ("nonneg"), or a division or
     reciprocal as the divisor ("nonzero") reads directly or through casts, with what their values must
     satisfy. A finite noise entry of 0 under KeyFormer's -log is +inf there, and -inf + inf is NaN in a
