@@ -255,7 +255,7 @@ def _tune_kernels(loops: LoopGraph, schedules: list[Schedule], faithful: bool, n
         roots = {r: owner[r] for r in s.plan.roots if r in owner}
         la = tune(lambda cfg: emit_kernel(s, f"ft_kernel{k}", loops.inputs, roots, *cfg, faithful=faithful,
                                           nan_free=nan_free, loaded_later=loaded, slots=slots, check=check,
-                                          share=(k, 1)), bufs, device)
+                                          part=k), bufs, device)
         la(bufs)
         log.debug("kernel %d source:\n%s", k, la.source.source)
         tuned(k, la)

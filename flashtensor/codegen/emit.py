@@ -566,20 +566,20 @@ class _Body:
 def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: int = 128, block_loop: int = 64,
                 num_warps: int = 4, num_stages: int = 2, faithful: bool = False,
                 nan_free: frozenset = frozenset(), loaded_later: frozenset = frozenset(),
-                slots: int = 0, check: Optional[dict] = None, share: tuple = (0, 0)) -> KernelSource:
+                slots: int = 0, check: Optional[dict] = None, part: int = 0) -> KernelSource:
     """Triton source for schedule `s`. `outputs` maps a root to its program outputs (others are intermediates).
     `faithful` rounds half-precision values as eager does (see `_Emitter.rounded`); reductions in `nan_free`
     use the fast max that skips NaN (analysis.facts.nan_absorbing_maxima says where that is exact); roots in
     `loaded_later` are also stored as intermediates, in the layout later kernels read.
 
     Skipping and constant folding assume finite inputs. In a plan with `slots` > 0 the kernel runs twice:
-    with MODE=0 it assumes them, and each program, once its tile is stored, checks an equal piece of parts
-    share[0] to share[0] + share[1] - 1 of the `slots` equal parts of the inputs `check` names: it sums
-    x * 0 over its piece (NaN where x lies outside the domain `check` gives it, see
-    analysis.facts.input_domains) and sets the zeroed flag to NaN when that is not 0. With MODE=1, after
-    the whole plan, it returns at once when the flag is 0 and otherwise recomputes every tile as eager does. The
-    check's loads overlap other programs' arithmetic and nothing waits for it: no host sync, no pass over
-    the inputs before the kernels, no programs of its own in the tail."""
+    with MODE=0 it assumes them, and each program, once its tile is stored, checks an equal piece of the
+    `part`-th of `slots` equal parts of the inputs `check` names: it sums x * 0 over its piece (NaN where
+    x lies outside the domain `check` gives it, see analysis.facts.input_domains) and sets the zeroed flag
+    to NaN when that is not 0. With MODE=1, after the whole plan, it returns at once when the flag is 0
+    and otherwise recomputes every tile as eager does. The check's loads overlap other programs'
+    arithmetic and nothing waits for it: no host sync, no pass over the inputs before the kernels, no
+    programs of its own in the tail."""
     em = _Emitter(s, inputs, block_row, block_loop, faithful, nan_free)
     body: list[str] = []
     final_cache: dict[int, tuple[str, list[Var]]] = {}
@@ -632,7 +632,7 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
     ntiles = -(-s.row.extent // em.blk[s.row]) if s.row is not None else 1
     tiles = ntiles * grid1
     tile = _placement(em, ntiles, grid1) + [f"o_{v} = tl.arange(0, {em.blk[v]})" for v in s.whole] + em.pre + body
-    checked = tile + (_check(em, slots, check, share, tiles) if slots and check else [])
+    checked = tile + (_check(em, slots, check, part, tiles) if slots and check else [])
     prog = _modes(em, slots, tiles, tile, checked)
     buffers = list(em.bufs.values())
     head = [f"def {name}({', '.join(b.name for b in buffers)}, MODE: tl.constexpr):"]
@@ -726,9 +726,9 @@ def _placement(em: _Emitter, ntiles: int, grid1: int) -> list[str]:
 _IN_DOMAIN = {"positive": "{} > 0", "nonneg": "{} >= 0", "nonzero": "{} != 0"}
 
 
-def _check(em: _Emitter, slots: int, check: dict, share: tuple, tiles: int) -> list[str]:
+def _check(em: _Emitter, slots: int, check: dict, part: int, tiles: int) -> list[str]:
     """The finite check's lines at the end of a MODE=0 program (see emit_kernel): this program's piece of
-    the kernel's parts of each checked input, summed as x * 0 in the input's own precision (two half
+    the kernel's part of each checked input, summed as x * 0 in the input's own precision (two half
     values per instruction). Inputs of one size share a loop, so their loads are in flight together."""
     flag = em.buffer(FINITE, (1,), torch.float32, "intermediate", written=True)
     sizes: dict[int, list[int]] = {}
@@ -736,8 +736,8 @@ def _check(em: _Emitter, slots: int, check: dict, share: tuple, tiles: int) -> l
         sizes.setdefault(math.prod(em.inputs[i][0]), []).append(i)
     inits, out = [], []
     for n, group in sizes.items():
-        part = -(-n // slots)
-        start, stop = share[0] * part, min(n, (share[0] + share[1]) * part)
+        span = -(-n // slots)
+        start, stop = part * span, min(n, (part + 1) * span)
         per = -(-(stop - start) // tiles)
         blk = min(CHECK_BLOCK, _pow2(per))
         out += [f"    end = tl.minimum({start} + (pid64 + 1) * {per}, {stop})",
@@ -770,8 +770,9 @@ def _modes(em: _Emitter, slots: int, tiles: int, tile: list[str], checked: list[
             f"    if tl.load({flag}) == 0:     # every input finite: the first pass was exact",
             "        return",
             "    fin = 0",
-            f"    for pid in range(tl.program_id(0), {tiles}, tl.num_programs(0)):"] + ["        " + ln for ln in tile] + \
-           ["else:", "    fin = 1", "    pid = tl.program_id(0)"] + ["    " + ln for ln in checked]
+            f"    for pid in range(tl.program_id(0), {tiles}, tl.num_programs(0)):"] + \
+        ["        " + ln for ln in tile] + ["else:", "    fin = 1", "    pid = tl.program_id(0)"] + \
+        ["    " + ln for ln in checked]
 
 
 def _span(em: _Emitter, h: Affine) -> tuple[int, str, str]:
