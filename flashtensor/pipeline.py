@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from .analysis.facts import input_domains, nan_absorbing_maxima
-from .codegen.emit import KernelSource, emit_kernel
+from .codegen.emit import KernelSource, emit_kernel, tile_checks
 from .codegen.schedule import MAX_WHOLE, Schedule, ScheduleError, build_schedule
 from .frontend.capture import capture
 from .ir.evaluate import evaluate
@@ -244,18 +244,26 @@ def _tune_kernels(loops: LoopGraph, schedules: list[Schedule], faithful: bool, n
     for o in loops.outputs:
         owner.setdefault(o.node, []).append(o)
     loaded = frozenset(n for s in schedules for n in s.plan.loads)
-    # the finite check (codegen.emit.emit_kernel): kernel k's programs check the k-th of equal parts of
-    # every floating input, each program a piece, after its own tile; an input a log, a square root or a
-    # division reads must also lie in that op's domain
+    # the finite check (codegen.emit.emit_kernel): every floating input is checked once, by the first
+    # kernel whose tiles read it whole (codegen.emit.tile_checks), or else in equal parts, kernel k's
+    # programs checking pieces of the k-th; an input a log, a square root or a division reads must also
+    # lie in that op's domain
     domains = input_domains(loops)
     check = {i: domains.get(i) for i, (_, dt) in enumerate(loops.inputs) if dt.is_floating_point}
     slots = len(schedules) if check and any(s.skip or s.special for s in schedules) else 0
+    reads = [tile_checks(s, loops.inputs) for s in schedules]
+    tiled: list[dict] = [{} for _ in schedules]
+    for i in check:
+        k = next((k for k, r in enumerate(reads) if i in r), None)
+        if k is not None:
+            tiled[k][i] = check[i]
+    flat = {i: d for i, d in check.items() if not any(i in t for t in tiled)}
     launches = []
     for k, s in enumerate(schedules):
         roots = {r: owner[r] for r in s.plan.roots if r in owner}
         la = tune(lambda cfg: emit_kernel(s, f"ft_kernel{k}", loops.inputs, roots, *cfg, faithful=faithful,
-                                          nan_free=nan_free, loaded_later=loaded, slots=slots, check=check,
-                                          part=k), bufs, device)
+                                          nan_free=nan_free, loaded_later=loaded, slots=slots, check=flat,
+                                          part=k, tiled=tiled[k]), bufs, device)
         la(bufs)
         log.debug("kernel %d source:\n%s", k, la.source.source)
         tuned(k, la)

@@ -136,6 +136,38 @@ def test_finite_inputs_outside_a_logs_domain_match_eager(value, pos):
     assert prog.launches and any(kernel.assumes_finite for kernel in prog.kernels)
 
 
+def banded_noisy_colsums(q, k, noise):
+    """Column sums of a softmax over a band of 40 keys (j <= i, j >= i - 40) with -log(noise) added:
+    the row kernel's loop skips tiles both before and after the band."""
+    S = q.shape[1]
+    i, j = torch.arange(S)[:, None], torch.arange(S)[None, :]
+    s = q.transpose(1, 2) @ k.transpose(1, 2).transpose(-2, -1)
+    s = s + torch.where((j > i) | (j < i - 40), -math.inf, 0.0) - noise.log()
+    return torch.softmax(s, dim=-1).sum(dim=2)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, 0.0])
+def test_an_input_checked_on_the_tiles_is_checked_where_they_skip(value):
+    """The noise is checked on the tiles the row kernel loads and, for the tiles it skips, by the check's
+    own loads (codegen.emit.tile_checks). Under the interpreter the row tiles are 128 and the loop's 64,
+    so the band of rows 128-255 skips columns 0-63 and 256-299 (a part tile): a bad value in either,
+    at their edges, in a computed tile's masked corner or inside the band gives eager's answer (a NaN
+    in every column sum of that head, or for inf, where -log gives -inf, finite sums)."""
+    g = torch.Generator().manual_seed(SEED)
+    q, k = (torch.randn(1, 300, 2, 16, generator=g) for _ in range(2))
+    noise = 0.5 + torch.rand(1, 2, 300, 300, generator=g)
+    c = ft.compile(banded_noisy_colsums)
+    (prog,) = c.programs.values() if c(q, k, noise) is not None else ()
+    assert prog.launches and any(kernel.assumes_finite for kernel in prog.kernels)
+    for pos in [(130, 0), (130, 63), (130, 64), (200, 256), (255, 299), (299, 299), (0, 299), (100, 90)]:
+        bad = noise.clone()
+        bad[0, 1, pos[0], pos[1]] = value
+        ref = banded_noisy_colsums(q, k, bad)
+        assert ref[0, 1].isnan().all() != (value == math.inf) and not ref[0, 0].isnan().any()  # -log inf: p = 0
+        assert_close(c(q, k, bad), ref)
+    assert_close(c(q, k, noise), banded_noisy_colsums(q, k, noise))
+
+
 def test_input_domains_follow_the_ops_that_read_an_input():
     """log and rsqrt need positive values, sqrt non-negative ones, a divisor non-zero ones; through casts;
     an input read by several such ops needs all; one read only by arithmetic needs nothing."""
@@ -261,12 +293,15 @@ def test_writing_into_an_input_is_a_precise_error():
 
 @pytest.mark.parametrize("which", [0, 1, 2])
 def test_every_share_of_every_input_is_checked(which):
-    """The finite check splits each input into shares checked by programs of different kernels: a NaN at
-    the start, middle or end of any input (where the causal mask skips it or not) gives eager's NaNs."""
+    """The finite check splits an input into shares checked by programs of different kernels, or checks
+    it on the tiles a kernel loads: a NaN at the start, middle or end of any input (where the causal mask
+    skips it or not) gives eager's NaNs."""
     fn, args = workloads.make("h2o", device="cpu", dtype=torch.float32, S=300, H=2, D=16, seed=which)
-    # 9600 elements per input: each of the 2 kernels checks one half (pipeline._tune_kernels), split into
-    # pieces of 800 over the 2 x 3 programs of 128 rows under the interpreter; so 799 and 800 sit on either
-    # side of a boundary between two programs, 4799 and 4800 on either side of that between the kernels
+    # 9600 elements per input. q is checked on the row tiles of the first kernel and k on the column tiles
+    # of the second (codegen.emit.tile_checks); each kernel checks one half of v (pipeline._tune_kernels),
+    # split into pieces of 800 over the 2 x 3 programs of 128 rows under the interpreter; so 799 and 800 sit
+    # on either side of a boundary between two programs, 4799 and 4800 on either side of that between the
+    # kernels
     c = ft.compile(fn)
     n = args[which].numel()
     for pos in (0, 799, 800, n // 2 - 1, n // 2, n // 2 + 3, n - 1):

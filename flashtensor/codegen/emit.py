@@ -85,6 +85,7 @@ class Buffer:
 
 FINITE = ("finite",)   # buffer key of the finite-check flag: zeroed per call, NaN once a check finds a non-finite input
 CHECK_BLOCK = 8192      # most elements per step of the finite check
+CHECK_MARK = "     # check"   # ends the lines of the finite check inside a tile (the fixup pass drops them)
 FIXUP_PROGRAMS = 264    # programs of the fixup pass (two per SM of an H100 or H200)
 GROUP_PROGRAMS = 512    # programs per launch-order group (see _placement): a couple of waves on a large GPU
 
@@ -123,6 +124,7 @@ class _Emitter:
         self.finals: dict[LNode, str] = {}      # loop reduction -> its value after its pass
         self.deps: dict[int, bool] = {}
         self.tmp = 0
+        self.checks: dict[int, tuple[LNode, Optional[str]]] = {}   # input -> (its tile load, domain): see _check
 
     # ---- naming and broadcasting --------------------------------------------------------
     def fresh(self, base: str) -> str:
@@ -167,6 +169,25 @@ class _Emitter:
             self.bufs[key] = Buffer(f"{kind[:3]}{len(self.bufs)}", tuple(shape), dtype, kind, key)
         self.bufs[key].written |= written
         return self.bufs[key].name
+
+    def check_add(self, i: int, raw: str, tv: list[Var], mask: Optional[str]) -> str:
+        """The finite check of a tile of input i this program loaded: x * 0 (NaN where x is outside the
+        input's domain; masked-off elements count as inside), summed over the loop's axis into a small
+        accumulator (`check_acc`), or whole where the tile has no loop axis (it is loaded once)."""
+        dom = self.checks[i][1]
+        term = f"{raw} * 0"
+        if dom:
+            cond = _IN_DOMAIN[dom].format(raw) + (f" | ~({mask})" if mask else "")
+            term = f"tl.where({cond}, {term}, float(\"nan\"))"
+        red = f"tl.sum({term}, {tv.index(self.s.loop)})" if self.s.loop in tv else f"tl.sum(tl.ravel({term}), 0)"
+        return f"chk{i} += {red}.to(tl.float32){CHECK_MARK}"
+
+    def check_acc(self, i: int) -> tuple[str, str]:
+        """Input i's tile-check accumulator: its initialisation and its sum."""
+        tv = self.tvars(self.checks[i][0])
+        shape = [str(self.blk[v]) for v in tv if v is not self.s.loop] if self.s.loop in tv else []
+        return (f"chk{i} = tl.zeros([{', '.join(shape)}], tl.float32){CHECK_MARK}",
+                f"tl.sum(tl.ravel(chk{i}), 0)" if shape else f"chk{i}")
 
     def intermediate(self, n: LNode, written: bool) -> tuple[str, dict[Var, int]]:
         """Buffer passing n between kernels: contiguous over n's variables, float math kept in float32."""
@@ -234,6 +255,8 @@ class _Emitter:
             off = " + ".join(f"{self.affine(e, tv)} * {st}" for e, st in zip(n.attrs["index"], strides)) or "0"
             mask = self.range_mask(tv)
             lines.append(f"{out}_raw = tl.load({buf} + {off}" + (f", mask={mask}, other=0)" if mask else ")"))
+            if self.checks.get(n.attrs["input"], (None,))[0] is n:
+                lines.append(self.check_add(n.attrs["input"], f"{out}_raw", tv, mask))
             if dtype in _HALF:
                 lines.append(f"{out} = {out}_raw.to(tl.float32)")
                 self.raw[id(n)] = f"{out}_raw"
@@ -566,7 +589,8 @@ class _Body:
 def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: int = 128, block_loop: int = 64,
                 num_warps: int = 4, num_stages: int = 2, faithful: bool = False,
                 nan_free: frozenset = frozenset(), loaded_later: frozenset = frozenset(),
-                slots: int = 0, check: Optional[dict] = None, part: int = 0) -> KernelSource:
+                slots: int = 0, check: Optional[dict] = None, part: int = 0,
+                tiled: Optional[dict] = None) -> KernelSource:
     """Triton source for schedule `s`. `outputs` maps a root to its program outputs (others are intermediates).
     `faithful` rounds half-precision values as eager does (see `_Emitter.rounded`); reductions in `nan_free`
     use the fast max that skips NaN (analysis.facts.nan_absorbing_maxima says where that is exact); roots in
@@ -576,11 +600,14 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
     with MODE=0 it assumes them, and each program, once its tile is stored, checks an equal piece of the
     `part`-th of `slots` equal parts of the inputs `check` names: it sums x * 0 over its piece (NaN where
     x lies outside the domain `check` gives it, see analysis.facts.input_domains) and sets the zeroed flag
-    to NaN when that is not 0. With MODE=1, after the whole plan, it returns at once when the flag is 0
+    to NaN when that is not 0. The inputs `tiled` names (see tile_checks) it checks whole instead, on the
+    tiles its programs load anyway, and reads only the loop tiles they skip. With MODE=1, after the whole plan, it returns at once when the flag is 0
     and otherwise recomputes every tile as eager does. The check's loads overlap other programs'
     arithmetic and nothing waits for it: no host sync, no pass over the inputs before the kernels, no
     programs of its own in the tail."""
     em = _Emitter(s, inputs, block_row, block_loop, faithful, nan_free)
+    loads = tile_checks(s, inputs)
+    em.checks = {i: (loads[i], d) for i, d in (tiled or {}).items()} if slots else {}
     body: list[str] = []
     final_cache: dict[int, tuple[str, list[Var]]] = {}
     segments = _segments(em) if s.loop is not None else []
@@ -599,6 +626,9 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
         for lo, hi, region, bounds in segments:
             ctx = _Body(p, region, bounds, {**em.cache_pre, **final_cache})
             _loop_body(em, ctx, accs, running)
+            for n, _ in em.checks.values():     # a checked load these tiles do not otherwise need
+                if s.loop in n.vars and ctx.lookup(n) is None:
+                    ctx.cache[id(n)] = em.compute(n, ctx, ctx.lines)
             if early:
                 ctx.lines += [f"more = {_unsettled(em, accs)}", f"l0 += {em.blk[s.loop]}"]
                 body += [f"l0 = {lo} + tl.zeros([], tl.int32)", f"while (l0 < {hi}) & more:"]
@@ -631,8 +661,12 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
     grid1 = math.prod(v.extent for v in s.batch)
     ntiles = -(-s.row.extent // em.blk[s.row]) if s.row is not None else 1
     tiles = ntiles * grid1
-    tile = _placement(em, ntiles, grid1) + [f"o_{v} = tl.arange(0, {em.blk[v]})" for v in s.whole] + em.pre + body
-    checked = tile + (_check(em, slots, check, part, tiles) if slots and check else [])
+    for n, _ in em.checks.values():
+        if s.loop not in n.vars and id(n) not in em.cache_pre:
+            em.value(n, None)
+    tile = _placement(em, ntiles, grid1) + [f"o_{v} = tl.arange(0, {em.blk[v]})" for v in s.whole] + \
+        [em.check_acc(i)[0] for i in em.checks] + em.pre + body
+    checked = tile + (_check(em, slots, check or {}, part, tiles) if slots and (check or em.checks) else [])
     prog = _modes(em, slots, tiles, tile, checked)
     buffers = list(em.bufs.values())
     head = [f"def {name}({', '.join(b.name for b in buffers)}, MODE: tl.constexpr):"]
@@ -723,14 +757,50 @@ def _placement(em: _Emitter, ntiles: int, grid1: int) -> list[str]:
     return out
 
 
-_IN_DOMAIN = {"positive": "{} > 0", "nonneg": "{} >= 0", "nonzero": "{} != 0"}
+_IN_DOMAIN = {"positive": "({} > 0)", "nonneg": "({} >= 0)", "nonzero": "({} != 0)"}
+
+
+def tile_checks(s: Schedule, inputs: list) -> dict[int, LNode]:
+    """Inputs this kernel's tiles read whole, each with the load that does: every grid variable indexes
+    it and the load's variables map one to one onto its elements, so the programs' tiles cover it without
+    overlap. A load over the loop variable counts where the loop visits its tiles in order (no early
+    stop); the check reads the tiles the loop skips (see _check)."""
+    grid = set(s.batch) | ({s.row} if s.row is not None else set())
+    free = grid | set(s.whole) | ({s.loop} if s.loop is not None else set())
+    early = s.loop is not None and any(s.stops_early(p) for p in range(s.passes))
+    out: dict[int, LNode] = {}
+    for n in s.nodes:
+        if n.op != "load" or n in s.boundary or n.attrs["input"] in out:
+            continue
+        vs = []
+        for e, size in zip(n.attrs["index"], inputs[n.attrs["input"]][0]):
+            if e.terms == () and e.const == 0 and size == 1:
+                continue
+            if len(e.terms) != 1 or e.terms[0][1] != 1 or e.const != 0 or e.terms[0][0].extent != size:
+                break
+            vs.append(e.terms[0][0])
+        else:
+            if vs and len(set(vs)) == len(vs) and grid <= set(vs) <= free and not (s.loop in vs and early):
+                out[n.attrs["input"]] = n
+    return out
 
 
 def _check(em: _Emitter, slots: int, check: dict, part: int, tiles: int) -> list[str]:
     """The finite check's lines at the end of a MODE=0 program (see emit_kernel): this program's piece of
     the kernel's part of each checked input, summed as x * 0 in the input's own precision (two half
-    values per instruction). Inputs of one size share a loop, so their loads are in flight together."""
+    values per instruction); inputs of one size share a loop, so their loads are in flight together.
+    Inputs checked on the program's tiles (`em.checks`) add the loop tiles it skipped, then their sums."""
     flag = em.buffer(FINITE, (1,), torch.float32, "intermediate", written=True)
+    skipped = []
+    looped = [n for n, _ in em.checks.values() if em.s.loop in n.vars]
+    if looped:
+        L, bl = em.s.loop, em.blk[em.s.loop]
+        ctx = _Body(0, frozenset(), True, {})
+        for n in looped:
+            em.compute(n, ctx, ctx.lines)
+        for lo, hi in (("0", "lo"), (f"(hi + {bl - 1}) // {bl} * {bl}", str(L.extent))):
+            skipped += [f"    for l0 in range({lo}, {hi}, {bl}):     # loop tiles this program skipped",
+                        f"        o_{L} = l0 + tl.arange(0, {bl})"] + ["        " + ln for ln in ctx.lines]
     sizes: dict[int, list[int]] = {}
     for i in check:
         sizes.setdefault(math.prod(em.inputs[i][0]), []).append(i)
@@ -753,10 +823,11 @@ def _check(em: _Emitter, slots: int, check: dict, part: int, tiles: int) -> list
                         f"        chk{i} += tl.where({_IN_DOMAIN[dom].format(f'v{i}')}, v{i} * 0, float(\"nan\"))"]
             else:
                 out.append(f"        chk{i} += {load} * 0")
-    total = " + ".join(f"tl.sum(chk{i}.to(tl.float32), 0)" for i in check)
+    total = " + ".join([f"tl.sum(chk{i}.to(tl.float32), 0)" for i in check] +
+                       [em.check_acc(i)[1] for i in em.checks])
     head = ["if MODE == 0:     # this program's piece of the finite check", "    pid64 = pid.to(tl.int64)"]
-    return head + inits + out + [f"    if {total} != 0:     # NaN: some value here is NaN or inf",
-                                 f"        tl.store({flag}, float(\"nan\"))"]
+    return head + inits + out + skipped + [f"    if {total} != 0:     # NaN: some value here is NaN or inf",
+                                           f"        tl.store({flag}, float(\"nan\"))"]
 
 
 def _modes(em: _Emitter, slots: int, tiles: int, tile: list[str], checked: list[str]) -> list[str]:
@@ -771,8 +842,8 @@ def _modes(em: _Emitter, slots: int, tiles: int, tile: list[str], checked: list[
             "        return",
             "    fin = 0",
             f"    for pid in range(tl.program_id(0), {tiles}, tl.num_programs(0)):"] + \
-        ["        " + ln for ln in tile] + ["else:", "    fin = 1", "    pid = tl.program_id(0)"] + \
-        ["    " + ln for ln in checked]
+        ["        " + ln for ln in tile if not ln.endswith(CHECK_MARK)] + \
+        ["else:", "    fin = 1", "    pid = tl.program_id(0)"] + ["    " + ln for ln in checked]
 
 
 def _span(em: _Emitter, h: Affine) -> tuple[int, str, str]:
