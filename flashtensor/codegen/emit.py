@@ -601,10 +601,10 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
     `part`-th of `slots` equal parts of the inputs `check` names: it sums x * 0 over its piece (NaN where
     x lies outside the domain `check` gives it, see analysis.facts.input_domains) and sets the zeroed flag
     to NaN when that is not 0. The inputs `tiled` names (see tile_checks) it checks whole instead, on the
-    tiles its programs load anyway, and reads only the loop tiles they skip. With MODE=1, after the whole plan, it returns at once when the flag is 0
-    and otherwise recomputes every tile as eager does. The check's loads overlap other programs'
-    arithmetic and nothing waits for it: no host sync, no pass over the inputs before the kernels, no
-    programs of its own in the tail."""
+    tiles its programs load anyway, and reads only the loop tiles they skip. With MODE=1, after the whole
+    plan, it returns at once when the flag is 0 and otherwise recomputes every tile as eager does. The
+    check's loads overlap other programs' arithmetic and nothing waits for it: no host sync, no pass over
+    the inputs before the kernels, no programs of its own in the tail."""
     em = _Emitter(s, inputs, block_row, block_loop, faithful, nan_free)
     loads = tile_checks(s, inputs)
     em.checks = {i: (loads[i], d) for i, d in (tiled or {}).items()} if slots else {}
