@@ -251,13 +251,15 @@ def _tune_kernels(loops: LoopGraph, schedules: list[Schedule], faithful: bool, n
     domains = input_domains(loops)
     check = {i: domains.get(i) for i, (_, dt) in enumerate(loops.inputs) if dt.is_floating_point}
     slots = len(schedules) if check and any(s.skip or s.special for s in schedules) else 0
-    reads = [tile_checks(s, loops.inputs) for s in schedules]
+    reads = [tile_checks(s, loops.inputs) for s in schedules] if slots else []
     tiled: list[dict] = [{} for _ in schedules]
-    for i in check:
+    flat = {}
+    for i, dom in check.items():
         k = next((k for k, r in enumerate(reads) if i in r), None)
-        if k is not None:
-            tiled[k][i] = check[i]
-    flat = {i: d for i, d in check.items() if not any(i in t for t in tiled)}
+        if k is None:
+            flat[i] = dom
+        else:
+            tiled[k][i] = (reads[k][i], dom)
     launches = []
     for k, s in enumerate(schedules):
         roots = {r: owner[r] for r in s.plan.roots if r in owner}

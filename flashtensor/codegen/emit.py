@@ -174,11 +174,7 @@ class _Emitter:
         """The finite check of a tile of input i this program loaded: x * 0 (NaN where x is outside the
         input's domain; masked-off elements count as inside), summed over the loop's axis into a small
         accumulator (`check_acc`), or whole where the tile has no loop axis (it is loaded once)."""
-        dom = self.checks[i][1]
-        term = f"{raw} * 0"
-        if dom:
-            cond = _IN_DOMAIN[dom].format(raw) + (f" | ~({mask})" if mask else "")
-            term = f"tl.where({cond}, {term}, float(\"nan\"))"
+        term = _check_term(raw, self.checks[i][1], mask)
         red = f"tl.sum({term}, {tv.index(self.s.loop)})" if self.s.loop in tv else f"tl.sum(tl.ravel({term}), 0)"
         return f"chk{i} += {red}.to(tl.float32){CHECK_MARK}"
 
@@ -600,14 +596,13 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
     with MODE=0 it assumes them, and each program, once its tile is stored, checks an equal piece of the
     `part`-th of `slots` equal parts of the inputs `check` names: it sums x * 0 over its piece (NaN where
     x lies outside the domain `check` gives it, see analysis.facts.input_domains) and sets the zeroed flag
-    to NaN when that is not 0. The inputs `tiled` names (see tile_checks) it checks whole instead, on the
-    tiles its programs load anyway, and reads only the loop tiles they skip. With MODE=1, after the whole
-    plan, it returns at once when the flag is 0 and otherwise recomputes every tile as eager does. The
-    check's loads overlap other programs' arithmetic and nothing waits for it: no host sync, no pass over
-    the inputs before the kernels, no programs of its own in the tail."""
+    to NaN when that is not 0. The inputs `tiled` maps to (their load, domain) (see tile_checks) it checks
+    whole instead, on the tiles its programs load anyway, and reads only the loop tiles they skip. With
+    MODE=1, after the whole plan, it returns at once when the flag is 0 and otherwise recomputes every
+    tile as eager does. The check's loads overlap other programs' arithmetic and nothing waits for it: no
+    host sync, no pass over the inputs before the kernels, no programs of its own in the tail."""
     em = _Emitter(s, inputs, block_row, block_loop, faithful, nan_free)
-    loads = tile_checks(s, inputs)
-    em.checks = {i: (loads[i], d) for i, d in (tiled or {}).items()} if slots else {}
+    em.checks = dict(tiled or {})
     body: list[str] = []
     final_cache: dict[int, tuple[str, list[Var]]] = {}
     segments = _segments(em) if s.loop is not None else []
@@ -760,6 +755,15 @@ def _placement(em: _Emitter, ntiles: int, grid1: int) -> list[str]:
 _IN_DOMAIN = {"positive": "({} > 0)", "nonneg": "({} >= 0)", "nonzero": "({} != 0)"}
 
 
+def _check_term(x: str, dom: Optional[str], mask: Optional[str] = None) -> str:
+    """x * 0: 0 where x is finite, NaN where it is not, or where it lies outside `dom` (elements `mask`
+    leaves out count as inside)."""
+    if not dom:
+        return f"{x} * 0"
+    cond = _IN_DOMAIN[dom].format(x) + (f" | ~({mask})" if mask else "")
+    return f"tl.where({cond}, {x} * 0, float(\"nan\"))"
+
+
 def tile_checks(s: Schedule, inputs: list) -> dict[int, LNode]:
     """Inputs this kernel's tiles read whole, each with the load that does: every grid variable indexes
     it and the load's variables map one to one onto its elements, so the programs' tiles cover it without
@@ -816,13 +820,8 @@ def _check(em: _Emitter, slots: int, check: dict, part: int, tiles: int) -> list
         for i in group:
             shape, dtype = em.inputs[i]
             inits.append(f"    chk{i} = tl.zeros([{blk}], {_TL[dtype]})")
-            dom = check[i]
-            load = f"tl.load({em.buffer(('in', i), shape, dtype, 'input')} + o, mask=o < end, other={1 if dom else 0})"
-            if dom:     # outside the domain counts as not finite (1 is inside every domain)
-                out += [f"        v{i} = {load}",
-                        f"        chk{i} += tl.where({_IN_DOMAIN[dom].format(f'v{i}')}, v{i} * 0, float(\"nan\"))"]
-            else:
-                out.append(f"        chk{i} += {load} * 0")
+            out += [f"        v{i} = tl.load({em.buffer(('in', i), shape, dtype, 'input')} + o, mask=o < end, other=0)",
+                    f"        chk{i} += {_check_term(f'v{i}', check[i], 'o < end')}"]
     total = " + ".join([f"tl.sum(chk{i}.to(tl.float32), 0)" for i in check] +
                        [em.check_acc(i)[1] for i in em.checks])
     head = ["if MODE == 0:     # this program's piece of the finite check", "    pid64 = pid.to(tl.int64)"]
