@@ -169,6 +169,30 @@ def test_an_input_checked_on_the_tiles_is_checked_where_they_skip(value):
     assert_close(c(q, k, noise), banded_noisy_colsums(q, k, noise))
 
 
+def per_key_weighted_attention(q, k, v, w):
+    """Causal attention with -log(w[j]) added per key: no grid variable indexes w, so the flat check
+    covers it (codegen.emit.tile_checks)."""
+    S = q.shape[1]
+    s = q.transpose(1, 2) @ k.transpose(1, 2).transpose(-2, -1)
+    return torch.softmax(s + torch.full((S, S), -math.inf).triu(1) - w.log(), dim=-1) @ v.transpose(1, 2)
+
+
+@pytest.mark.parametrize("value", [math.nan, 0.0])
+def test_an_input_checked_in_parts_is_held_to_its_domain(value):
+    """w[290] lies in a tile the first 256 queries skip; a NaN there, or a 0 (-log 0 = inf, and
+    -inf + inf = NaN in their masked tile), makes every output row NaN in eager."""
+    g = torch.Generator().manual_seed(SEED)
+    q, k, v = (torch.randn(1, 300, 2, 16, generator=g) for _ in range(3))
+    w = 0.5 + torch.rand(300, generator=g)
+    c = ft.compile(per_key_weighted_attention)
+    assert_close(c(q, k, v, w), per_key_weighted_attention(q, k, v, w))
+    bad = w.clone()
+    bad[290] = value
+    ref = per_key_weighted_attention(q, k, v, bad)
+    assert ref.isnan().all()
+    assert_close(c(q, k, v, bad), ref)
+
+
 def test_input_domains_follow_the_ops_that_read_an_input():
     """log and rsqrt need positive values, sqrt non-negative ones, a divisor non-zero ones; through casts;
     an input read by several such ops needs all; one read only by arithmetic needs nothing."""
