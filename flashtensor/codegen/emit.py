@@ -42,6 +42,21 @@ def _log2_approx(x):
 
 
 @triton.jit
+def _scale_f16(x, c: tl.constexpr, hi2: tl.constexpr, lo2: tl.constexpr):
+    # fp16(fp16(x) * c) for a float32 constant c, as eager rounds it. On the GPU, two elements at a time:
+    # one conversion to an fp16 pair h, then h * hi + fp16(h * lo) with c = hi + lo in fp16 (hi2, lo2: each
+    # half's bits twice), then back to float32
+    if _INTERPRETED:
+        return (x.to(tl.float16).to(tl.float32) * c).to(tl.float16).to(tl.float32)
+    else:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 h, p; .reg .f16 a, b; cvt.rn.f16x2.f32 h, $3, $2; mul.rn.f16x2 p, h, $6; "
+            "fma.rn.f16x2 h, h, $4, p; mov.b32 {a, b}, h; cvt.f32.f16 $0, a; cvt.f32.f16 $1, b; }",
+            "=r,=r,r,r,r,r,r,r", [x, tl.full(x.shape, hi2, tl.int32), tl.full(x.shape, lo2, tl.int32)],
+            dtype=tl.float32, is_pure=True, pack=2)
+
+
+@triton.jit
 def _max_nan(a, b):
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
@@ -293,6 +308,9 @@ class _Emitter:
             rcp = self.reciprocal(n.args[1], tv, ctx, lines)
             lines.append(f"{out} = " + self.rounded(n, f"({self.arg(n.args[0], tv, ctx)} * {rcp})"))
             return out, tv
+        if op == "mul" and (scaled := self.half_scale(n, tv, ctx)) is not None:
+            lines.append(f"{out} = {scaled}")
+            return out, tv
         if op in _BIN:
             a, b = self.arg(n.args[0], tv, ctx), self.arg(n.args[1], tv, ctx)
             kept = _identity_operand(op, a, b)
@@ -365,7 +383,10 @@ class _Emitter:
     def exp_over(self, e, d, tv: list[Var], ctx, lines: list[str]) -> Optional[str]:
         """exp2(x - m) / d, with m and d over fewer variables than the tile and d >= 0, as
         exp2(x - (m + log2 d)): per element one subtraction the compiler fuses with x's scaling, in
-        place of a multiply after the exponential. d = 0 or +inf give what the division gives."""
+        place of a multiply after the exponential. d = 0 or +inf give what the division gives.
+        log2 d is lg2.approx: its absolute error (2^-22 near 1, relative 2^-22 elsewhere) is a relative
+        one of the same size in the quotient, as ex2.approx's own, and libdevice's log2 costs some twenty
+        instructions for each of the thread's d values, in every step of a loop over the tile's other axis."""
         if not (isinstance(e, LNode) and e.op == "exp2" and isinstance(e.args[0], LNode) and e.args[0].op == "sub"
                 and isinstance(d, LNode) and _nonnegative(d)) or ctx is None:
             return None
@@ -379,7 +400,7 @@ class _Emitter:
                 (isinstance(m, LNode) and self.deps_acc(m)):
             return None
         lse = self.fresh("lse")
-        lines.append(f"{lse} = {self.arg(m, dv, ctx)} + tl.log2({self.arg(d, dv, ctx)})")
+        lines.append(f"{lse} = {self.arg(m, dv, ctx)} + _log2_approx({self.arg(d, dv, ctx)})")
         return f"tl.exp2({self.arg(x, tv, ctx)} - {self.bcast(lse, dv, tv)})"
 
     def rounded(self, n: LNode, expr: str) -> str:
@@ -388,6 +409,22 @@ class _Emitter:
         if self.faithful and n.dtype in _HALF:
             return f"({expr}).to({_TL[n.dtype]}).to(tl.float32)"
         return expr
+
+    def half_scale(self, n: LNode, tv: list[Var], ctx) -> Optional[str]:
+        """A faithful fp16 product of fp16 values and a constant (the scores' scale) on the packed fp16 unit:
+        per element half an fma, half a multiply and one conversion instead of two conversions and a
+        multiply. The result is within one fp16 step of eager's float32 multiply and rounding, and equal to
+        it for at least 96% of fp16 values (tests/test_kernels.py checks every one)."""
+        if not (self.faithful and n.dtype == torch.float16) or math.prod(self.blk[v] for v in tv) < 512:
+            return None      # the asm takes elements in pairs: at 8 warps a tile of 512 gives each thread two
+        for i in (0, 1):
+            c, x = self.constant(n.args[i], ctx.region if ctx else frozenset()), n.args[1 - i]
+            if isinstance(c, float) and isinstance(x, LNode) and x.dtype == torch.float16 and \
+                    (split := split_f16(c)) is not None:
+                if x.op == "cast" and isinstance(x.args[0], LNode) and x.args[0].dtype == torch.float32:
+                    x = x.args[0]      # _scale_f16 rounds to fp16 first: one conversion, not three
+                return f"_scale_f16({self.arg(x, tv, ctx)}, {split[0]!r}, {_pair(split[1])}, {_pair(split[2])})"
+        return None
 
     def tile_reduce(self, n: LNode, ctx, lines, out) -> tuple[str, list[Var]]:
         """A reduction over a variable held whole in the tile (no loop)."""
@@ -525,6 +562,24 @@ def _identity_operand(op: str, a: str, b: str) -> Optional[int]:
     if op in ("add", "mul") and a == ("0.0" if op == "add" else "1.0"):
         return 1
     return None
+
+
+def split_f16(c: float) -> Optional[tuple[float, float, float]]:
+    """c as eager's float32 opmath holds it, and that value as fp16 hi + lo (lo the rounded remainder);
+    None where hi leaves fp16's normal range or hi + lo misses c32 by more than 2^-21 of it (a remainder
+    deep in fp16's subnormals)."""
+    c32 = float(torch.tensor(c, dtype=torch.float32))
+    hi = float(torch.tensor(c32, dtype=torch.float16))
+    lo = float(torch.tensor(c32 - hi, dtype=torch.float16))
+    if not 2.0 ** -14 <= abs(hi) <= 65504.0 or abs(c32 - hi - lo) > 2.0 ** -21 * abs(c32):
+        return None
+    return c32, hi, lo
+
+
+def _pair(v: float) -> int:
+    """An fp16 value's bits in both halves of an int32 (an f16x2 operand)."""
+    b = int(torch.tensor(v, dtype=torch.float16).view(torch.int16)) & 0xFFFF
+    return (b << 16 | b) - (1 << 32 if b & 0x8000 else 0)
 
 
 def _nonnegative(x) -> bool:
