@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from .analysis.facts import input_domains, nan_absorbing_maxima
-from .codegen.emit import KernelSource, emit_kernel, tile_checks
+from .codegen.emit import KernelSource, emit_kernel, folded_normalisers, tile_checks
 from .codegen.schedule import MAX_WHOLE, Schedule, ScheduleError, build_schedule
 from .frontend.capture import capture
 from .ir.evaluate import evaluate
@@ -260,12 +260,13 @@ def _tune_kernels(loops: LoopGraph, schedules: list[Schedule], faithful: bool, n
             flat[i] = dom
         else:
             tiled[k][i] = (reads[k][i], dom)
+    folded = folded_normalisers(schedules)
     launches = []
     for k, s in enumerate(schedules):
         roots = {r: owner[r] for r in s.plan.roots if r in owner}
         la = tune(lambda cfg: emit_kernel(s, f"ft_kernel{k}", loops.inputs, roots, *cfg, faithful=faithful,
                                           nan_free=nan_free, loaded_later=loaded, slots=slots, check=flat,
-                                          part=k, tiled=tiled[k]), bufs, device)
+                                          part=k, tiled=tiled[k], folded=folded), bufs, device)
         la(bufs)
         log.debug("kernel %d source:\n%s", k, la.source.source)
         tuned(k, la)

@@ -4,6 +4,7 @@ Every program here must run through fused kernels (no eager fallback for the fus
 never pass an Sq x Skv intermediate between kernels, and match eager on fresh random inputs.
 """
 import math
+import re
 import warnings
 
 import pytest
@@ -194,8 +195,9 @@ def test_any_along_the_loop_stops_once_settled(when, fn):
 
 
 def test_column_sums_fold_the_row_normaliser_into_the_exponent():
-    """exp2(x - m) / l with per-row m and l >= 0 is emitted as exp2(x - (m + log2 l)); fully masked rows
-    (l = 0, m = -inf) still give eager's NaN."""
+    """exp2(x - m) / l with per-row m and l >= 0 is emitted as exp2(x - (m + log2 l)); the kernel that
+    reduces m and l stores m + log2 l once per row, and the column sums load it instead of taking a log in
+    every step. Fully masked rows (l = 0, m = -inf) still give eager's NaN."""
     g = torch.Generator().manual_seed(11)
     q, k, v = (torch.randn(1, 77, 2, 32, generator=g) for _ in range(3))
 
@@ -204,7 +206,10 @@ def test_column_sums_fold_the_row_normaliser_into_the_exponent():
         s = s.masked_fill(torch.arange(77)[:, None] < 5, float("-inf"))   # the first five queries see no key
         return torch.softmax(s, dim=-1).sum(dim=2)
     report = _run(fn, (q, k, v))
-    assert any("_log2_approx(" in k.triton_source for k in report.kernels)
+    sources = [k.triton_source for k in report.kernels]
+    assert sum("_log2_approx(red_" in src for src in sources) == 1, sources    # once per row, after its loop
+    assert any(re.search(r"lse_\d+ = tl\.load\(", src) for src in sources)
+    assert not any(re.search(r"lse_\d+ = .*_log2_approx\(", src) for src in sources)
     assert torch.isnan(ft.compile(fn)(q, k, v)).all() == torch.isnan(fn(q, k, v)).all()
 
 

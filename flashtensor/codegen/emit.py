@@ -140,6 +140,7 @@ class _Emitter:
         self.deps: dict[int, bool] = {}
         self.tmp = 0
         self.checks: dict[int, tuple[LNode, Optional[str]]] = {}   # input -> (its tile load, domain): see _check
+        self.folded: dict[tuple[LNode, LNode], LNode] = {}  # (m, d) -> m + log2 d, stored by an earlier kernel
 
     # ---- naming and broadcasting --------------------------------------------------------
     def fresh(self, base: str) -> str:
@@ -200,6 +201,15 @@ class _Emitter:
         return (f"chk{i} = tl.zeros([{', '.join(shape)}], tl.float32){CHECK_MARK}",
                 f"tl.sum(tl.ravel(chk{i}), 0)" if shape else f"chk{i}")
 
+    def load_intermediate(self, n: LNode, out: str, lines: list[str]) -> str:
+        """Load an earlier kernel's value of n over this tile."""
+        tv = self.tvars(n)
+        buf, strides = self.intermediate(n, written=False)
+        off = " + ".join(f"{self.idx(v, tv)} * {st}" for v, st in strides.items()) or "0"
+        mask = self.range_mask(tv)
+        lines.append(f"{out} = tl.load({buf} + {off}" + (f", mask={mask}, other=0)" if mask else ")"))
+        return out
+
     def intermediate(self, n: LNode, written: bool) -> tuple[str, dict[Var, int]]:
         """Buffer passing n between kernels: contiguous over n's variables, float math kept in float32."""
         shape = [v.extent for v in n.vars]
@@ -254,11 +264,7 @@ class _Emitter:
         out = self.fresh("x")
         op = n.op
         if n in self.s.boundary:
-            buf, strides = self.intermediate(n, written=False)
-            off = " + ".join(f"{self.idx(v, tv)} * {st}" for v, st in strides.items()) or "0"
-            mask = self.range_mask(tv)
-            lines.append(f"{out} = tl.load({buf} + {off}" + (f", mask={mask}, other=0)" if mask else ")"))
-            return out, tv
+            return self.load_intermediate(n, out, lines), tv
         if op == "load":
             shape, dtype = self.inputs[n.attrs["input"]]
             buf = self.buffer(("in", n.attrs["input"]), shape, dtype, "input")
@@ -400,7 +406,10 @@ class _Emitter:
                 (isinstance(m, LNode) and self.deps_acc(m)):
             return None
         lse = self.fresh("lse")
-        lines.append(f"{lse} = {self.arg(m, dv, ctx)} + _log2_approx({self.arg(d, dv, ctx)})")
+        if (m, d) in self.folded:       # stored by the kernel that reduced m and d: one load, no log per step
+            self.load_intermediate(self.folded[m, d], lse, lines)
+        else:
+            lines.append(f"{lse} = {self.arg(m, dv, ctx)} + _log2_approx({self.arg(d, dv, ctx)})")
         return f"tl.exp2({self.arg(x, tv, ctx)} - {self.bcast(lse, dv, tv)})"
 
     def rounded(self, n: LNode, expr: str) -> str:
@@ -641,7 +650,7 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
                 num_warps: int = 4, num_stages: int = 2, faithful: bool = False,
                 nan_free: frozenset = frozenset(), loaded_later: frozenset = frozenset(),
                 slots: int = 0, check: Optional[dict] = None, part: int = 0,
-                tiled: Optional[dict] = None) -> KernelSource:
+                tiled: Optional[dict] = None, folded: Optional[dict] = None) -> KernelSource:
     """Triton source for schedule `s`. `outputs` maps a root to its program outputs (others are intermediates).
     `faithful` rounds half-precision values as eager does (see `_Emitter.rounded`); reductions in `nan_free`
     use the fast max that skips NaN (analysis.facts.nan_absorbing_maxima says where that is exact); roots in
@@ -652,12 +661,16 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
     `part`-th of `slots` equal parts of the inputs `check` names: it sums x * 0 over its piece (NaN where
     x lies outside the domain `check` gives it, see analysis.facts.input_domains) and sets the zeroed flag
     to NaN when that is not 0. The inputs `tiled` maps to (their load, domain) (see tile_checks) it checks
-    whole instead, on the tiles its programs load anyway, and reads only the loop tiles they skip. With
+    whole instead, on the tiles its programs load anyway, and reads only the loop tiles they skip.
+    `folded` (see folded_normalisers): the kernel stores the values whose statistics it reduces and loads
+    those it reads. With
     MODE=1, after the whole plan, it returns at once when the flag is 0 and otherwise recomputes every
     tile as eager does. The check's loads overlap other programs' arithmetic and nothing waits for it: no
     host sync, no pass over the inputs before the kernels, no programs of its own in the tail."""
     em = _Emitter(s, inputs, block_row, block_loop, faithful, nan_free)
     em.checks = dict(tiled or {})
+    folded = folded or {}
+    em.folded = {md: f for md, f in folded.items() if set(md) <= s.boundary}
     body: list[str] = []
     final_cache: dict[int, tuple[str, list[Var]]] = {}
     segments = _segments(em) if s.loop is not None else []
@@ -707,6 +720,9 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
             em.store(r, out, store_ctx)
         if r in outputs and r in loaded_later:   # a program output another kernel also reads
             em.store(r, None, store_ctx)
+    for (m, d), f in folded.items():
+        if m in s.plan.roots and d in s.plan.roots:
+            em.store(f, None, store_ctx)
     body += store_ctx.lines
     grid1 = math.prod(v.extent for v in s.batch)
     ntiles = -(-s.row.extent // em.blk[s.row]) if s.row is not None else 1
@@ -726,6 +742,28 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
     blocks = {str(v): em.blk[v] for v in em.blk}
     return KernelSource(name, src, buffers, (tiles,), num_warps, num_stages, blocks, bool(s.skip or s.special),
                         slots > 0)
+
+
+def folded_normalisers(schedules: list[Schedule]) -> dict[tuple[LNode, LNode], LNode]:
+    """Row statistics m and d that a later kernel reads only to form exp2(x - (m + log2 d)) (see
+    `_Emitter.exp_over`), both reduced by one earlier kernel: (m, d) -> a node m + log2 d, which that kernel
+    stores once per row and the later one loads in place of m and d, with no log in its loop."""
+    out: dict[tuple[LNode, LNode], LNode] = {}
+    for k, s in enumerate(schedules):
+        for n in s.nodes:
+            if n.op != "div" or not all(isinstance(a, LNode) for a in n.args):
+                continue
+            e, d = n.args
+            if e.op != "exp2" or not isinstance(e.args[0], LNode) or e.args[0].op != "sub":
+                continue
+            m = e.args[0].args[1]
+            if not (isinstance(m, LNode) and {m, d} <= s.plan.loads and m.vars == d.vars and _nonnegative(d)
+                    and e.dtype == e.args[0].dtype == torch.float32) or (m, d) in out:
+                continue
+            if any(m in t.plan.roots and d in t.plan.roots for t in schedules[:k]):
+                lg = LNode("log2_approx", (d,), torch.float32, d.vars, name=f"log2_{d.name}")
+                out[m, d] = LNode("add", (m, lg), torch.float32, m.vars, name=f"lse_{m.name}")
+    return out
 
 
 def _segments(em: _Emitter) -> list[tuple[str, str, frozenset, bool]]:
