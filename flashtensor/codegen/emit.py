@@ -661,12 +661,12 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
     `part`-th of `slots` equal parts of the inputs `check` names: it sums x * 0 over its piece (NaN where
     x lies outside the domain `check` gives it, see analysis.facts.input_domains) and sets the zeroed flag
     to NaN when that is not 0. The inputs `tiled` maps to (their load, domain) (see tile_checks) it checks
-    whole instead, on the tiles its programs load anyway, and reads only the loop tiles they skip.
-    `folded` (see folded_normalisers): the kernel stores the values whose statistics it reduces and loads
-    those it reads. With
+    whole instead, on the tiles its programs load anyway, and reads only the loop tiles they skip. With
     MODE=1, after the whole plan, it returns at once when the flag is 0 and otherwise recomputes every
     tile as eager does. The check's loads overlap other programs' arithmetic and nothing waits for it: no
-    host sync, no pass over the inputs before the kernels, no programs of its own in the tail."""
+    host sync, no pass over the inputs before the kernels, no programs of its own in the tail.
+    `folded` (see folded_normalisers): the kernel stores those whose statistics it reduces and loads
+    those whose statistics it reads."""
     em = _Emitter(s, inputs, block_row, block_loop, faithful, nan_free)
     em.checks = dict(tiled or {})
     folded = folded or {}
@@ -745,9 +745,10 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
 
 
 def folded_normalisers(schedules: list[Schedule]) -> dict[tuple[LNode, LNode], LNode]:
-    """Row statistics m and d that a later kernel reads only to form exp2(x - (m + log2 d)) (see
+    """Row statistics m and d that a later kernel reads to form exp2(x - (m + log2 d)) (see
     `_Emitter.exp_over`), both reduced by one earlier kernel: (m, d) -> a node m + log2 d, which that kernel
-    stores once per row and the later one loads in place of m and d, with no log in its loop."""
+    stores once per row and the later one loads in place of m and d, with no log in its loop. The earlier
+    kernel still stores m and d (two thin vectors) for any other reader."""
     out: dict[tuple[LNode, LNode], LNode] = {}
     for k, s in enumerate(schedules):
         for n in s.nodes:
