@@ -73,3 +73,25 @@ def test_check_only_one_workload(tmp_path):
     assert attn["eager"]["rel_err"] == [0.0] and attn["eager"]["ok"]
     assert attn["flashtensor"]["error"] is None and attn["flashtensor"]["ok"]
     assert attn["flashtensor"]["rel_err"][0] <= 1e-4
+
+
+def test_ab_checks_each_tree_in_its_own_process(tmp_path):
+    """benchmarks/ab.py on the CPU: each tree's own package is imported in its child process (a copy of
+    flashtensor whose compile is broken must fail its row, and only its row); a directory without the
+    package is refused."""
+    import shutil
+    broken = tmp_path / "broken"
+    shutil.copytree(ROOT / "flashtensor", broken / "flashtensor")
+    pipeline = broken / "flashtensor" / "pipeline.py"
+    pipeline.write_text(pipeline.read_text() + "\n\ndef build(*a, **k):\n    raise RuntimeError('broken on purpose')\n")
+    cmd = [sys.executable, "-m", "benchmarks.ab", "attn", "--trees", f"here={ROOT},broken={broken}",
+           "--check-only", "--shape", "small"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, TRITON_INTERPRET="1"),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    rows = [ln for ln in proc.stdout.splitlines() if ln.startswith("| attn |")]
+    assert len(rows) == 2 and rows[0].startswith("| attn | here | ok (") and "ft_kernel0" in rows[0], rows
+    assert rows[1].startswith("| attn | broken | crashed") and "broken on purpose" in rows[1], rows
+    refused = subprocess.run([sys.executable, "-m", "benchmarks.ab", "attn", "--trees", f"x={tmp_path}", "--check-only"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "holding flashtensor/" in refused.stderr
