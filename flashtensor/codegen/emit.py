@@ -393,14 +393,13 @@ class _Emitter:
         log2 d is lg2.approx: its absolute error (2^-22 near 1, relative 2^-22 elsewhere) is a relative
         one of the same size in the quotient, as ex2.approx's own, and libdevice's log2 costs some twenty
         instructions for each of the thread's d values, in every step of a loop over the tile's other axis."""
-        if not (isinstance(e, LNode) and e.op == "exp2" and isinstance(e.args[0], LNode) and e.args[0].op == "sub"
-                and isinstance(d, LNode) and _nonnegative(d)) or ctx is None:
+        if (parts := _exp_over_parts(e, d)) is None or ctx is None:
             return None
         if self.faithful and (e.dtype in _HALF or e.args[0].dtype in _HALF):
             return None
         if ctx.region and self.s.constant_on(e, ctx.region) is not None:
             return None
-        x, m = e.args[0].args
+        x, m = parts
         mv, dv = (self.tvars(m) if isinstance(m, LNode) else []), self.tvars(d)
         if len(dv) >= len(tv) or len(mv) >= len(tv) or (mv and dv != mv) or self.deps_acc(d) or \
                 (isinstance(m, LNode) and self.deps_acc(m)):
@@ -591,6 +590,14 @@ def _pair(v: float) -> int:
     return (b << 16 | b) - (1 << 32 if b & 0x8000 else 0)
 
 
+def _exp_over_parts(e, d) -> Optional[tuple]:
+    """(x, m) where e / d is exp2(x - m) / d with d >= 0: the form `_Emitter.exp_over` folds."""
+    if isinstance(e, LNode) and e.op == "exp2" and isinstance(e.args[0], LNode) and e.args[0].op == "sub" \
+            and isinstance(d, LNode) and _nonnegative(d):
+        return e.args[0].args[0], e.args[0].args[1]
+    return None
+
+
 def _nonnegative(x) -> bool:
     """x >= 0 (or NaN) wherever it is defined: exponentials, and sums, products, casts and selects of such."""
     if not isinstance(x, LNode):
@@ -752,13 +759,10 @@ def folded_normalisers(schedules: list[Schedule]) -> dict[tuple[LNode, LNode], L
     out: dict[tuple[LNode, LNode], LNode] = {}
     for k, s in enumerate(schedules):
         for n in s.nodes:
-            if n.op != "div" or not all(isinstance(a, LNode) for a in n.args):
+            if n.op != "div" or (parts := _exp_over_parts(*n.args)) is None:
                 continue
-            e, d = n.args
-            if e.op != "exp2" or not isinstance(e.args[0], LNode) or e.args[0].op != "sub":
-                continue
-            m = e.args[0].args[1]
-            if not (isinstance(m, LNode) and {m, d} <= s.plan.loads and m.vars == d.vars and _nonnegative(d)
+            e, d, m = n.args[0], n.args[1], parts[1]
+            if not (isinstance(m, LNode) and {m, d} <= s.plan.loads and m.vars == d.vars
                     and e.dtype == e.args[0].dtype == torch.float32) or (m, d) in out:
                 continue
             if any(m in t.plan.roots and d in t.plan.roots for t in schedules[:k]):
