@@ -29,7 +29,6 @@ def worker(name: str, shape: str, rep: int | None) -> dict:
 
     import flashtensor as ft
     from flashtensor import workloads
-    from flashtensor.runtime.launch import run_kernels
     from flashtensor.testing import as_tuple, compare
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -42,15 +41,20 @@ def worker(name: str, shape: str, rep: int | None) -> dict:
     if rep is not None:
         from triton.testing import do_bench
         rec["call_ms"] = [do_bench(lambda: compiled(*args), warmup=25, rep=rep, return_mode="median") for _ in range(2)]
-        bufs = run_kernels(prog.launches, [args[i] for i in prog.tensor_positions] + prog.consts, args[0].device)
-        for la in prog.launches:
-            k = la.source
-            ms = do_bench(lambda: la(bufs), warmup=10, rep=max(rep // 2, 10), return_mode="median")
-            rec["kernels"].append(f"{k.name} {ms:.4f} ({'x'.join(str(b) for b in k.blocks.values())}, "
-                                  f"w{k.num_warps} s{k.num_stages})")
+        rec["kernels"] = [f"{k.name} {ms:.4f} ({'x'.join(str(b) for b in k.blocks.values())}, "
+                          f"w{k.num_warps} s{k.num_stages})" for k, ms in kernel_times(prog, args, max(rep // 2, 10))]
     else:
         rec["kernels"] = [la.source.name for la in prog.launches]
     return rec
+
+
+def kernel_times(prog, args: tuple, rep: int) -> list:
+    """(KernelSource, median ms) of each of a compiled program's kernels launched alone (GPU only)."""
+    from triton.testing import do_bench
+
+    from flashtensor.runtime.launch import run_kernels
+    bufs = run_kernels(prog.launches, [args[i] for i in prog.tensor_positions] + prog.consts, args[0].device)
+    return [(la.source, do_bench(lambda: la(bufs), warmup=10, rep=rep, return_mode="median")) for la in prog.launches]
 
 
 def _row(name: str, label: str, rec: dict) -> str:
