@@ -739,7 +739,8 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
             em.value(n, None)
     tile = _placement(em, ntiles, grid1) + [f"o_{v} = tl.arange(0, {em.blk[v]})" for v in s.whole] + \
         [em.check_acc(i)[0] for i in em.checks] + em.pre + body
-    checked = tile + (_check(em, slots, check or {}, part, tiles) if slots and (check or em.checks) else [])
+    checked = tile + (_check(em, slots, check or {}, part, tiles, num_stages)
+                      if slots and (check or em.checks) else [])
     prog = _modes(em, slots, tiles, tile, checked)
     buffers = list(em.bufs.values())
     head = [f"def {name}({', '.join(b.name for b in buffers)}, MODE: tl.constexpr):"]
@@ -887,11 +888,13 @@ def tile_checks(s: Schedule, inputs: list) -> dict[int, LNode]:
     return out
 
 
-def _check(em: _Emitter, slots: int, check: dict, part: int, tiles: int) -> list[str]:
+def _check(em: _Emitter, slots: int, check: dict, part: int, tiles: int, stages: int) -> list[str]:
     """The finite check's lines at the end of a MODE=0 program (see emit_kernel): this program's piece of
     the kernel's part of each checked input, summed as x * 0 in the input's own precision (two half
     values per instruction); inputs of one size share a loop, so their loads are in flight together.
-    Inputs checked on the program's tiles (`em.checks`) add the loop tiles it skipped, then their sums."""
+    Inputs checked on the program's tiles (`em.checks`) add the loop tiles it skipped, then their sums.
+    That loop has no dot, and Triton software-pipelines its loads only when told the stages: they then go
+    through shared memory `stages` deep, as the main loop's operands do."""
     flag = em.buffer(FINITE, (1,), torch.float32, "intermediate", written=True)
     skipped = []
     looped = [n for n, _ in em.checks.values() if em.s.loop in n.vars]
@@ -901,7 +904,7 @@ def _check(em: _Emitter, slots: int, check: dict, part: int, tiles: int) -> list
         for n in looped:
             em.compute(n, ctx, ctx.lines)
         for lo, hi in (("0", "lo"), (f"(hi + {bl - 1}) // {bl} * {bl}", str(L.extent))):
-            skipped += [f"    for l0 in range({lo}, {hi}, {bl}):     # loop tiles this program skipped",
+            skipped += [f"    for l0 in tl.range({lo}, {hi}, {bl}, num_stages={stages}):     # loop tiles it skipped",
                         f"        o_{L} = l0 + tl.arange(0, {bl})"] + ["        " + ln for ln in ctx.lines]
     sizes: dict[int, list[int]] = {}
     for i in check:
