@@ -703,7 +703,8 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
                 ctx.lines += [f"more = {_unsettled(em, accs)}", f"l0 += {em.blk[s.loop]}"]
                 body += [f"l0 = {lo} + tl.zeros([], tl.int32)", f"while (l0 < {hi}) & more:"]
             else:
-                body.append(f"for l0 in range({lo}, {hi}, {em.blk[s.loop]}):")
+                # tl.range with explicit stages: Triton then also pipelines the loop's loads that feed no dot
+                body.append(f"for l0 in tl.range({lo}, {hi}, {em.blk[s.loop]}, num_stages={num_stages}):")
             body.append(f"    o_{s.loop} = l0 + tl.arange(0, {em.blk[s.loop]})")
             body += ["    " + ln for ln in ctx.lines]
         post = _Body(p + 1, frozenset(), False, {**em.cache_pre, **final_cache})
