@@ -31,8 +31,8 @@ from .ir.graph import Graph, Node, topo_order
 from .ir.loops import LNode, LOutput, LoopGraph
 from .partition.plan import KernelPlan, PartitionError, partitions
 from .runtime import cache as plan_cache
-from .runtime.autotune import interpreting, tune
-from .runtime.launch import Launch, input_buffers, load_kernel, run_kernels
+from .runtime.autotune import tune
+from .runtime.launch import Launch, input_buffers, interpreting, load_kernel, run_kernels
 from .transform.decompose import decompose
 from .transform.exp2 import fold_exp2
 from .transform.loopform import LoweringError, to_loops

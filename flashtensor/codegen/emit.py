@@ -57,6 +57,15 @@ def _scale_f16(x, c: tl.constexpr, hi2: tl.constexpr, lo2: tl.constexpr):
 
 
 @triton.jit
+def _after_prior():
+    # programmatic dependent launch (runtime/launch.py): wait until the plan's kernel before this one has
+    # finished and its writes are visible, then let the next kernel launch: its programs take the SMs that
+    # this grid's last ones leave, and wait here in turn
+    gdc_wait()
+    gdc_launch_dependents()
+
+
+@triton.jit
 def _max_nan(a, b):
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
@@ -744,10 +753,12 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
                       if slots and (check or em.checks) else [])
     prog = _modes(em, slots, tiles, tile, checked)
     buffers = list(em.bufs.values())
-    head = [f"def {name}({', '.join(b.name for b in buffers)}, MODE: tl.constexpr):"]
+    head = [f"def {name}({', '.join(b.name for b in buffers)}, MODE: tl.constexpr, PDL: tl.constexpr):",
+            "    if PDL:", "        _after_prior()"]
     lines = head + ["    " + ln for ln in prog]
-    src = "import os\n\nimport triton\nimport triton.language as tl\n\n" + _HELPERS + "\n\n@triton.jit\n" + \
-        "\n".join(lines) + "\n"
+    src = "import os\n\nimport triton\nimport triton.language as tl\n" + \
+        "from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait\n\n" + _HELPERS + \
+        "\n\n@triton.jit\n" + "\n".join(lines) + "\n"
     blocks = {str(v): em.blk[v] for v in em.blk}
     return KernelSource(name, src, buffers, (tiles,), num_warps, num_stages, blocks, bool(s.skip or s.special),
                         slots > 0)

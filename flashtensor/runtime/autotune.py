@@ -6,23 +6,18 @@ kernels before it produced. On the CPU (Triton's interpreter) the first config i
 from __future__ import annotations
 
 import logging
-import os
 from typing import Callable
 
 import torch
 
 from ..codegen.emit import KernelSource
-from .launch import Launch, allocate, load_kernel
+from .launch import Launch, allocate, interpreting, load_kernel
 
 log = logging.getLogger(__name__)
 
 # (row block, loop block, warps, stages): first is the default, the rest are tried on a GPU
 CONFIGS = [(128, 64, 4, 2), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3), (64, 128, 4, 3),
            (64, 64, 4, 2), (128, 128, 4, 2)]
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def tune(variants: Callable[[tuple], KernelSource], buffers: dict, device: torch.device) -> Launch:

@@ -29,7 +29,7 @@ import torch
 
 from ..codegen.emit import Buffer, KernelSource
 from ..ir.graph import Graph
-from .autotune import interpreting
+from .launch import interpreting
 from .launch import cache_dir
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,7 @@
 """Loads generated Triton source as a module and launches its kernels in plan order."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -12,6 +13,10 @@ from typing import Sequence
 import torch
 
 from ..codegen.emit import FINITE, FIXUP_PROGRAMS, KernelSource
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def cache_dir() -> Path:
@@ -45,13 +50,24 @@ class Launch:
     fn: object
     ms: float = 0.0          # the tuner's median time on the device (0 where nothing was timed)
 
-    def __call__(self, buffers: dict, fixup: bool = False) -> None:
+    def __call__(self, buffers: dict, fixup: bool = False, after_prior: bool = False) -> None:
         """MODE=0: the kernel, each program also checking its piece of the inputs; MODE=1: the fixup pass
-        (codegen.emit.emit_kernel says what both do)."""
+        (codegen.emit.emit_kernel says what both do). `after_prior`: a programmatic dependent launch where
+        the device has them, which may start while the plan's kernel before it on the stream finishes (its
+        programs first wait for that kernel's writes): the launch gap between a plan's kernels goes. Only
+        the plan's own kernels after its first are launched so; any kernel's wait is a no-op otherwise."""
         args = [buffers[b.source] for b in self.source.buffers]
         (tiles,) = self.source.grid
         grid = (min(tiles, FIXUP_PROGRAMS),) if fixup else (tiles,)
-        self.fn[grid](*args, MODE=int(fixup), num_warps=self.source.num_warps, num_stages=self.source.num_stages)
+        pdl = _dependent_launch(args[0].device)     # the code waits, and lets the next kernel launch early
+        self.fn[grid](*args, MODE=int(fixup), PDL=pdl, launch_pdl=pdl and after_prior,
+                      num_warps=self.source.num_warps, num_stages=self.source.num_stages)
+
+
+@functools.cache
+def _dependent_launch(device: torch.device) -> bool:
+    """Programmatic dependent launch needs sm_90 or later (and a real device)."""
+    return device.type == "cuda" and not interpreting() and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def input_buffers(inputs: Sequence[torch.Tensor]) -> dict:
@@ -75,8 +91,9 @@ def run_kernels(launches: Sequence[Launch], inputs: Sequence[torch.Tensor], devi
     buffers = input_buffers(inputs)
     for la in launches:
         allocate(la.source, buffers, device)
-        la(buffers)
+    for k, la in enumerate(launches):
+        la(buffers, after_prior=k > 0)
     for la in launches:
         if la.source.fixup:
-            la(buffers, fixup=True)
+            la(buffers, fixup=True, after_prior=True)
     return buffers
