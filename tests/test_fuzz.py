@@ -27,6 +27,8 @@ from flashtensor.pipeline import FallbackWarning, Program
 from flashtensor.testing import as_tuple, compare, rel_err
 
 EXAMPLES = int(os.environ.get("FLASHTENSOR_FUZZ_EXAMPLES", "12"))
+# on a GPU machine (no interpreter) the programs run as compiled kernels on the GPU
+DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ROW_STATS = ("rowmax", "rowsum", "entropy", "rowcount")
 COL_STATS = ("colsum", "colsq", "colmax", "colany", "colcount")
@@ -150,7 +152,7 @@ def inputs(spec: Spec) -> tuple[torch.Tensor, ...]:
     for shape in shapes:
         if spec.layout == "bshd":
             shape = (shape[0], shape[2], shape[1], shape[3])
-        out.append(torch.randn(*shape, generator=g).to(spec.dtype))
+        out.append(torch.randn(*shape, generator=g).to(DEVICE, spec.dtype))
     return tuple(out)
 
 
