@@ -149,6 +149,7 @@ class _Emitter:
         self.deps: dict[int, bool] = {}
         self.tmp = 0
         self.checks: dict[int, tuple[LNode, Optional[str]]] = {}   # input -> (its tile load, domain): see _check
+        self.check_whole = False    # check_add keeps whole tiles (the loop over skipped tiles, see _check)
         self.folded: dict[tuple[LNode, LNode], LNode] = {}  # (m, d) -> m + log2 d, stored by an earlier kernel
 
     # ---- naming and broadcasting --------------------------------------------------------
@@ -198,8 +199,11 @@ class _Emitter:
     def check_add(self, i: int, raw: str, tv: list[Var], mask: Optional[str]) -> str:
         """The finite check of a tile of input i this program loaded: x * 0 (NaN where x is outside the
         input's domain; masked-off elements count as inside), summed over the loop's axis into a small
-        accumulator (`check_acc`), or whole where the tile has no loop axis (it is loaded once)."""
+        accumulator (`check_acc`), or whole where the tile has no loop axis (it is loaded once). In the loop
+        over skipped tiles it adds whole tiles into `chkt{i}` and leaves the sum to after the loop."""
         term = _check_term(raw, self.checks[i][1], mask)
+        if self.check_whole:
+            return f"chkt{i} += {term}{CHECK_MARK}"
         red = f"tl.sum({term}, {tv.index(self.s.loop)})" if self.s.loop in tv else f"tl.sum(tl.ravel({term}), 0)"
         return f"chk{i} += {red}.to(tl.float32){CHECK_MARK}"
 
@@ -905,19 +909,27 @@ def _check(em: _Emitter, slots: int, check: dict, part: int, tiles: int, stages:
     the kernel's part of each checked input, summed as x * 0 in the input's own precision (two half
     values per instruction); inputs of one size share a loop, so their loads are in flight together.
     Inputs checked on the program's tiles (`em.checks`) add the loop tiles it skipped, then their sums.
-    That loop has no dot, and Triton software-pipelines its loads only when told the stages: they then go
-    through shared memory `stages` deep, as the main loop's operands do."""
+    That loop adds whole tiles and sums them once after it (a row sum per step costs shuffles). It has no
+    dot, and Triton software-pipelines its loads only when told the stages: they then go through shared
+    memory `stages` deep, as the main loop's operands do."""
     flag = em.buffer(FINITE, (1,), torch.float32, "intermediate", written=True)
     skipped = []
     looped = [n for n, _ in em.checks.values() if em.s.loop in n.vars]
     if looped:
         L, bl = em.s.loop, em.blk[em.s.loop]
         ctx = _Body(0, frozenset(), True, {})
+        em.check_whole = True
         for n in looped:
             em.compute(n, ctx, ctx.lines)
+        em.check_whole = False
+        for n in looped:
+            tv = em.tvars(n)
+            skipped.append(f"    chkt{n.attrs['input']} = tl.zeros([{', '.join(str(em.blk[v]) for v in tv)}], tl.float32)")
         for lo, hi in (("0", "lo"), (f"(hi + {bl - 1}) // {bl} * {bl}", str(L.extent))):
             skipped += [f"    for l0 in tl.range({lo}, {hi}, {bl}, num_stages={stages}):     # loop tiles it skipped",
                         f"        o_{L} = l0 + tl.arange(0, {bl})"] + ["        " + ln for ln in ctx.lines]
+        for n in looped:
+            skipped.append(f"    chk{n.attrs['input']} += tl.sum(chkt{n.attrs['input']}, {em.tvars(n).index(L)})")
     sizes: dict[int, list[int]] = {}
     for i in check:
         sizes.setdefault(math.prod(em.inputs[i][0]), []).append(i)
