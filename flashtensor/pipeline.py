@@ -162,6 +162,12 @@ def _plan(prog: Program, example: list[torch.Tensor], args: list[Any], use_cache
     prog.results = [(nodes[name], k) for name, k in entry["results"]]
 
 
+def _timed(device: torch.device) -> bool:
+    """Whether the search times every partition (on a GPU) or takes the first (on the CPU, where the
+    interpreter's times say nothing)."""
+    return device.type == "cuda" and not interpreting()
+
+
 def _search(prog: Program, fused: Graph, example: list[torch.Tensor]) -> dict:
     """Loop form, partition, schedule, emission and tuning; keeps the stage outputs on `prog` and
     returns the plan as a cache entry (plain data)."""
@@ -176,8 +182,8 @@ def _search(prog: Program, fused: Graph, example: list[torch.Tensor]) -> dict:
         nan_free = frozenset(nan_absorbing_maxima(loops))
         bufs = input_buffers(list(example) + [c.to(device) for c in consts])
         candidates = partitions(loops, _accept, MAX_WHOLE)
-        if device.type != "cuda" or interpreting():
-            candidates = candidates[:1]     # choosing by time needs the real device
+        if not _timed(device):
+            candidates = candidates[:1]
         start = time.perf_counter()
         progress.info("planning %d partition(s) of %d fused node(s) on %s", len(candidates), len(loops.nodes), device)
         best, errors = None, []

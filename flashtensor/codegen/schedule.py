@@ -44,7 +44,7 @@ class Accum:
 class Schedule:
     plan: KernelPlan
     nodes: list[LNode]
-    boundary: set[LNode]
+    boundary: frozenset[LNode]
     batch: list[Var]
     row: Optional[Var]
     loop: Optional[Var]
@@ -84,15 +84,17 @@ class Schedule:
         return None
 
 
-def factorize(x, power: int = 1) -> list[Factor]:
-    """A product as its factors, seeing through mul, div and float casts."""
-    if isinstance(x, LNode):
+def factorize(x, power: int = 1, atoms: frozenset = frozenset()) -> list[Factor]:
+    """A product as its factors, seeing through mul, div and float casts, but not through `atoms`: the
+    values a kernel loads from an earlier one are factors as they stand, since the nodes inside them are
+    not the kernel's."""
+    if isinstance(x, LNode) and x not in atoms:
         if x.op == "mul":
-            return factorize(x.args[0], power) + factorize(x.args[1], power)
+            return factorize(x.args[0], power, atoms) + factorize(x.args[1], power, atoms)
         if x.op == "div":
-            return factorize(x.args[0], power) + factorize(x.args[1], -power)
+            return factorize(x.args[0], power, atoms) + factorize(x.args[1], -power, atoms)
         if x.op == "cast" and x.dtype.is_floating_point and x.args[0].dtype.is_floating_point:
-            return factorize(x.args[0], power)
+            return factorize(x.args[0], power, atoms)
     return [(x, power)]
 
 
@@ -130,7 +132,7 @@ def _dot_split(factors: list[Factor], tile: list[Var], k: Var) -> Optional[tuple
 
 
 def build_schedule(plan: KernelPlan, loop_choice: Optional[Var] = None) -> Schedule:
-    boundary = set(plan.loads)
+    boundary = frozenset(plan.loads)
     nodes = kernel_nodes(plan.roots, boundary)
     compute = [n for n in nodes if n not in boundary]
     role = roles(plan.roots, nodes, boundary)
@@ -139,7 +141,7 @@ def build_schedule(plan: KernelPlan, loop_choice: Optional[Var] = None) -> Sched
     dot_batch: set[Var] = set()
     for n in compute:
         if n.op == "reduce" and n.attrs["kind"] == "sum":
-            fs = [f for f, _ in factorize(n.args[0]) if isinstance(f, LNode)]
+            fs = [f for f, _ in factorize(n.args[0], atoms=boundary) if isinstance(f, LNode)]
             if len(fs) >= 2:
                 shared = set(fs[0].vars).intersection(*[set(f.vars) for f in fs[1:]])
                 dot_batch |= shared - {n.attrs["var"]}
@@ -157,7 +159,7 @@ def build_schedule(plan: KernelPlan, loop_choice: Optional[Var] = None) -> Sched
     # those that sit in one operand with the row (GQA's head-group index next to the query index), then all
     # of them but those reduced inside go to the grid instead
     beside_row = {v for n in compute if n.op == "reduce" and n.attrs["kind"] == "sum"
-                  for f, _ in factorize(n.args[0]) if isinstance(f, LNode) and row in f.vars
+                  for f, _ in factorize(n.args[0], atoms=boundary) if isinstance(f, LNode) and row in f.vars
                   for v in f.vars if v in free and v is not row}
     to_grid = [set(), beside_row, set(free) - {row} - inner]
     errors = []
@@ -192,12 +194,12 @@ def _finish(plan, nodes, compute, boundary, batch, row, loop, whole, role) -> Sc
         if n.op == "reduce" and n.attrs["kind"] == "sum":
             tv = sched.tile_vars(n.args[0])
             if len(tv) == 3 and n.attrs["var"] in tv:
-                split = _dot_split(factorize(n.args[0]), tv, n.attrs["var"])
+                split = _dot_split(factorize(n.args[0], atoms=boundary), tv, n.attrs["var"])
                 if split is None:
                     raise ScheduleError(f"{n.name}: a sum over a three-variable product that is not a contraction")
                 sched.dots[n] = split
                 dot_args.add(id(n.args[0]))
-                for f in _chain(n.args[0]):
+                for f in _chain(n.args[0], boundary):
                     dot_args.add(id(f))
     for n in compute:
         if id(n) not in dot_args and len(sched.tile_vars(n)) > 2:
@@ -207,15 +209,15 @@ def _finish(plan, nodes, compute, boundary, batch, row, loop, whole, role) -> Sc
     return sched
 
 
-def _chain(x) -> list[LNode]:
+def _chain(x, atoms: frozenset) -> list[LNode]:
     """The mul/div/cast nodes a factorised product passes through (never materialised)."""
     out = []
-    while isinstance(x, LNode) and x.op in ("mul", "div", "cast"):
+    while isinstance(x, LNode) and x not in atoms and x.op in ("mul", "div", "cast"):
         out.append(x)
         if x.op == "cast":
             x = x.args[0]
         else:
-            out += _chain(x.args[1])
+            out += _chain(x.args[1], atoms)
             x = x.args[0]
     return out
 
@@ -233,7 +235,7 @@ def _carry(sched: Schedule, compute: list[LNode], boundary: set[LNode], loop: Va
             later[r] = set(deps[r])
             acc.kept = [(r.args[0], 1)]
             continue
-        for f, p in factorize(r.args[0]):
+        for f, p in factorize(r.args[0], atoms=boundary):
             touched = _reaches(f, red_set, boundary, memo)
             if not touched:
                 acc.kept.append((f, p))
