@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 # (row block, loop block, warps, stages): first is the default, the rest are tried on a GPU
 CONFIGS = [(128, 64, 4, 2), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3), (64, 128, 4, 3),
-           (64, 64, 4, 2), (128, 128, 4, 2), (64, 32, 4, 2)]
+           (64, 64, 4, 2), (128, 128, 4, 2), (64, 32, 4, 2), (128, 32, 8, 3)]
 
 
 def tune(variants: Callable[[tuple], KernelSource], buffers: dict, device: torch.device) -> Launch:
