@@ -24,12 +24,12 @@ class Roles:
         return out
 
 
-def kernel_nodes(roots: list[LNode], boundary: set[LNode]) -> list[LNode]:
+def kernel_nodes(roots: list[LNode], boundary: frozenset[LNode]) -> list[LNode]:
     """Nodes a kernel computes, producers first, stopping at values it loads from earlier kernels."""
     return loop_topo(roots, boundary)
 
 
-def roles(roots: list[LNode], nodes: list[LNode], boundary: set[LNode]) -> Roles:
+def roles(roots: list[LNode], nodes: list[LNode], boundary: frozenset[LNode]) -> Roles:
     parallel = sorted({v for r in roots for v in r.vars}, key=lambda v: v.id)
     reduced = sorted({n.attrs["var"] for n in nodes if n.op == "reduce" and n not in boundary}, key=lambda v: v.id)
     leaves = [n for n in nodes if n.op == "load" or n in boundary]
@@ -41,7 +41,7 @@ def roles(roots: list[LNode], nodes: list[LNode], boundary: set[LNode]) -> Roles
     return Roles(parallel, reduced, reused)
 
 
-def reduction_deps(nodes: list[LNode], loop_var: Var, boundary: set[LNode]) -> dict[LNode, set[LNode]]:
+def reduction_deps(nodes: list[LNode], loop_var: Var, boundary: frozenset[LNode]) -> dict[LNode, set[LNode]]:
     """For each reduction over `loop_var`: the reductions over the same variable its argument reads."""
     reds = [n for n in nodes if n.op == "reduce" and n.attrs["var"] is loop_var and n not in boundary]
     deps: dict[LNode, set[LNode]] = {}

@@ -98,7 +98,7 @@ def factorize(x, power: int = 1, atoms: frozenset = frozenset()) -> list[Factor]
     return [(x, power)]
 
 
-def _reaches(n, targets: set[LNode], boundary: set[LNode], memo: dict) -> set[LNode]:
+def _reaches(n, targets: set[LNode], boundary: frozenset[LNode], memo: dict) -> set[LNode]:
     if not isinstance(n, LNode) or n in boundary:
         return set()
     if id(n) in memo:
@@ -222,7 +222,7 @@ def _chain(x, atoms: frozenset) -> list[LNode]:
     return out
 
 
-def _carry(sched: Schedule, compute: list[LNode], boundary: set[LNode], loop: Var) -> None:
+def _carry(sched: Schedule, compute: list[LNode], boundary: frozenset[LNode], loop: Var) -> None:
     reds = [n for n in compute if n.op == "reduce" and n.attrs["var"] is loop]
     red_set = set(reds)
     deps = reduction_deps(compute, loop, boundary)

@@ -29,8 +29,7 @@ import torch
 
 from ..codegen.emit import Buffer, KernelSource
 from ..ir.graph import Graph
-from .launch import interpreting
-from .launch import cache_dir
+from .launch import cache_dir, interpreting
 
 log = logging.getLogger(__name__)
 
