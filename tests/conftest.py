@@ -22,3 +22,26 @@ def assert_close(out, ref) -> None:
     for i, (o, r) in enumerate(zip(outs, refs)):
         m = compare(o, r)
         assert m.ok, f"output {i}: {m.problem}"
+
+
+def each_partition(monkeypatch, run) -> int:
+    """Calls run(k) once per candidate partition, with the search offered only the k-th: on a GPU the search
+    emits and times every candidate, on the CPU it takes the first, so this is how the CPU suite reaches the
+    others. Returns the number of candidates."""
+    import flashtensor.pipeline as pipeline
+
+    whole, seen = pipeline.partitions, []
+
+    def only(k):
+        def pick(*args):
+            cands = whole(*args)
+            seen.append(len(cands))
+            return cands[k:k + 1]
+        return pick
+
+    k = 0
+    while k == 0 or k < seen[0]:
+        monkeypatch.setattr(pipeline, "partitions", only(k))
+        run(k)
+        k += 1
+    return seen[0]

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import flashtensor as ft
-from flashtensor import pipeline
+from conftest import each_partition
 from flashtensor.pipeline import FallbackWarning, Program
 from flashtensor.testing import as_tuple, compare, rel_err
 
@@ -331,14 +331,12 @@ def test_every_partition_the_gpu_search_times(spec: Spec, monkeypatch):
     is compiled alone and checked against eager. (A single-query program's second partition once factored
     the product through the probabilities another kernel stores, and its emission crashed on the GPU only:
     codegen/schedule.py's factorize now stops at loaded values.)"""
-    whole, seen = pipeline.partitions, []
     fn, args = build(spec), inputs(spec)
-    monkeypatch.setattr(pipeline, "partitions", lambda *a: seen.append(len(whole(*a))) or whole(*a))
-    ft.compile(fn, cache=False)(*args)
-    for c in range(seen[0]):
-        monkeypatch.setattr(pipeline, "partitions", lambda *a, c=c: whole(*a)[c:c + 1])
+
+    def run(k):
         compiled = ft.compile(fn, cache=False)
         out = compiled(*args)
         (prog,) = compiled.programs.values()
-        assert outcome(prog) == "fused", (c, prog.notes)
+        assert outcome(prog) == "fused", (k, prog.notes)
         check(spec, fn, args, out, fn(*args))
+    each_partition(monkeypatch, run)

@@ -15,7 +15,7 @@ import flashtensor as ft
 from flashtensor import workloads as W
 from flashtensor.codegen.emit import FINITE
 from flashtensor.runtime.launch import run_kernels
-from conftest import assert_close
+from conftest import assert_close, each_partition
 
 FAMILY = ["attn", "h2o", "roco", "keyformer", "snapkv", "corm", "gemma2"]
 
@@ -295,28 +295,28 @@ def test_torch_compile_backend_matches_eager():
 @pytest.mark.parametrize("name", ["keyformer", "roco"])
 def test_every_candidate_partition_matches_eager(name, monkeypatch):
     """On a GPU the tuner may pick any candidate partition; each must compute the same program."""
-    import flashtensor.pipeline as pipeline
-    from flashtensor.partition.plan import partitions
-
     monkeypatch.setenv("FLASHTENSOR_CACHE", "0")    # each candidate must be planned, not read back
     fn, args = W.make(name, device="cpu", dtype=torch.float32, S=70, H=2, D=32, B=2, seed=5)
-    seen = []
 
-    def only(k):
-        def pick(loops, accept, whole):
-            cands = partitions(loops, accept, whole)
-            seen.append(len(cands))
-            return cands[k:k + 1]
-        return pick
-
-    k = 0
-    while k == 0 or k < seen[0]:
-        monkeypatch.setattr(pipeline, "partitions", only(k))
+    def run(k):
         report = _run(fn, args)
         if k < 2:
             assert len(report.kernels) == [2, 3][k]
-        k += 1
-    assert seen[0] >= 2, "the related-merges-only candidate should differ from the greedy one"
+    assert each_partition(monkeypatch, run) >= 2, "the related-merges-only candidate should differ from the greedy one"
+
+
+@pytest.mark.parametrize("name", ["h2o", "keyformer", "corm", "gemma2"])
+def test_every_tile_shape_the_gpu_tuner_tries(name, monkeypatch):
+    """On a GPU the tuner emits every block shape in autotune.CONFIGS, on the CPU only the first; each must
+    compute the same program (warps and stages do not change the interpreter's result)."""
+    from flashtensor.runtime import autotune
+
+    monkeypatch.setenv("FLASHTENSOR_CACHE", "0")    # each shape must be emitted, not read back
+    fn, args = W.make(name, device="cpu", dtype=torch.float32, S=70, H=2, D=32, B=2, seed=7)
+    for rows, cols in sorted({(r, c) for r, c, _, _ in autotune.CONFIGS}):
+        monkeypatch.setattr(autotune, "CONFIGS", [(rows, cols, 4, 2)])
+        for k in _run(fn, args).kernels:     # 70 rounds up to 128: every kernel's row and loop take the shape
+            assert {rows, cols} <= set(k.blocks.values()), (rows, cols, k.name, k.blocks)
 
 
 @pytest.mark.parametrize("c", [1 / math.sqrt(128), 1 / math.sqrt(96), 1 / math.sqrt(40), 0.125, 0.1, 1 / 3, 2.5, -7.3])
