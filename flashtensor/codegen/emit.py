@@ -923,8 +923,8 @@ def _check(em: _Emitter, slots: int, check: dict, part: int, tiles: int, stages:
             em.compute(n, ctx, ctx.lines)
         em.check_whole = False
         for n in looped:
-            tv = em.tvars(n)
-            skipped.append(f"    chkt{n.attrs['input']} = tl.zeros([{', '.join(str(em.blk[v]) for v in tv)}], tl.float32)")
+            shape = ", ".join(str(em.blk[v]) for v in em.tvars(n))
+            skipped.append(f"    chkt{n.attrs['input']} = tl.zeros([{shape}], tl.float32)")
         for lo, hi in (("0", "lo"), (f"(hi + {bl - 1}) // {bl} * {bl}", str(L.extent))):
             skipped += [f"    for l0 in tl.range({lo}, {hi}, {bl}, num_stages={stages}):     # loop tiles it skipped",
                         f"        o_{L} = l0 + tl.arange(0, {bl})"] + ["        " + ln for ln in ctx.lines]
