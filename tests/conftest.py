@@ -27,9 +27,10 @@ def assert_close(out, ref) -> None:
 def each_partition(monkeypatch, run) -> int:
     """Calls run(k) once per candidate partition, with the search offered only the k-th: on a GPU the search
     emits and times every candidate, on the CPU it takes the first, so this is how the CPU suite reaches the
-    others. Returns the number of candidates."""
+    others. The plan cache is off: its key does not name the candidate. Returns the number of candidates."""
     import flashtensor.pipeline as pipeline
 
+    monkeypatch.setenv("FLASHTENSOR_CACHE", "0")
     whole, seen = pipeline.partitions, []
 
     def only(k):
