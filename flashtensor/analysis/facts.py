@@ -252,8 +252,15 @@ def input_domains(g: LoopGraph) -> dict[int, str]:
             arg, what = n.args[1], "nonzero"
         else:
             continue
-        while isinstance(arg, LNode) and arg.op == "cast":
-            arg = arg.args[0]
-        if isinstance(arg, LNode) and arg.op == "load" and isinstance(arg.attrs["input"], int):
-            need.setdefault(arg.attrs["input"], set()).add(what)
+        if (i := read_input(arg)) is not None:
+            need.setdefault(i, set()).add(what)
     return {i: next(iter(w)) if len(w) == 1 else "positive" for i, w in need.items()}
+
+
+def read_input(x) -> Optional[int]:
+    """The program input that x is, directly or through casts; None for anything computed."""
+    while isinstance(x, LNode) and x.op == "cast":
+        x = x.args[0]
+    if isinstance(x, LNode) and x.op == "load" and isinstance(x.attrs["input"], int):
+        return x.attrs["input"]
+    return None

@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from ..analysis.facts import IDENTITY
+from ..analysis.facts import IDENTITY, read_input
 from ..ir.loops import Affine, LNode, LOutput, Var
 from .schedule import Accum, Schedule, ScheduleError
 
@@ -33,10 +33,15 @@ _INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 
 
 @triton.jit
-def _log2_approx(x):
-    # the GPU's lg2.approx, as accurate as the ex2.approx that tl.exp2 is; the interpreter has no inline asm
+def _log2_approx(x, FTZ: tl.constexpr):
+    # the GPU's lg2.approx, as accurate as the ex2.approx that tl.exp2 is. FTZ flushes subnormal x to 0 (log2
+    # -inf) and costs one instruction where the subnormal path costs four; the interpreter has no inline asm
+    # and flushes by hand
     if _INTERPRETED:
-        return tl.log2(x)
+        return tl.log2(tl.where(tl.abs(x) < 1.1754943508222875e-38, 0.0, x) if FTZ else x)
+    elif FTZ:
+        return tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
     else:
         return tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
 
@@ -75,7 +80,7 @@ def _min_nan(a, b):
     return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
 """
 _UN = {"exp": "tl.exp({})", "log": "tl.log({})", "abs": "tl.abs({})", "sqrt": "tl.sqrt({})", "rsqrt": "tl.rsqrt({})",
-       "exp2": "tl.exp2({})", "log2": "tl.log2({})", "log2_approx": "_log2_approx({})", "neg": "(-{})",
+       "exp2": "tl.exp2({})", "log2": "tl.log2({})", "log2_approx": "_log2_approx({}, False)", "neg": "(-{})",
        "reciprocal": "(1.0 / {})",
        "sigmoid": f"(1.0 / (1.0 + tl.exp2({-_LOG2E!r} * {{}})))", "tanh": f"(1.0 - 2.0 / (tl.exp2({2 * _LOG2E!r} * {{}}) + 1.0))",
        "logical_not": "({} == 0)"}
@@ -151,6 +156,7 @@ class _Emitter:
         self.checks: dict[int, tuple[LNode, Optional[str]]] = {}   # input -> (its tile load, domain): see _check
         self.check_whole = False    # check_add keeps whole tiles (the loop over skipped tiles, see _check)
         self.folded: dict[tuple[LNode, LNode], LNode] = {}  # (m, d) -> m + log2 d, stored by an earlier kernel
+        self.ftz: frozenset[int] = frozenset()   # inputs whose logs flush subnormals in the first pass (see emit_kernel)
 
     # ---- naming and broadcasting --------------------------------------------------------
     def fresh(self, base: str) -> str:
@@ -317,6 +323,10 @@ class _Emitter:
             c, a, b = (self.arg(x, tv, ctx) for x in n.args)
             lines.append(f"{out} = tl.where({c}, {a}, {b})")
             return out, tv
+        if op == "log2_approx" and read_input(n.args[0]) in self.ftz:
+            # the first pass runs only on inputs the check finds positive normal: flushing subnormals is exact
+            lines.append(f"{out} = _log2_approx({self.arg(n.args[0], tv, ctx)}, MODE == 0)")
+            return out, tv
         if op in _UN:
             lines.append(f"{out} = " + self.rounded(n, _UN[op].format(self.arg(n.args[0], tv, ctx))))
             return out, tv
@@ -421,7 +431,7 @@ class _Emitter:
         if (m, d) in self.folded:       # stored by the kernel that reduced m and d: one load, no log per step
             self.load_intermediate(self.folded[m, d], lse, lines)
         else:
-            lines.append(f"{lse} = {self.arg(m, dv, ctx)} + _log2_approx({self.arg(d, dv, ctx)})")
+            lines.append(f"{lse} = {self.arg(m, dv, ctx)} + _log2_approx({self.arg(d, dv, ctx)}, False)")
         return f"tl.exp2({self.arg(x, tv, ctx)} - {self.bcast(lse, dv, tv)})"
 
     def rounded(self, n: LNode, expr: str) -> str:
@@ -670,7 +680,8 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
                 num_warps: int = 4, num_stages: int = 2, faithful: bool = False,
                 nan_free: frozenset = frozenset(), loaded_later: frozenset = frozenset(),
                 slots: int = 0, check: Optional[dict] = None, part: int = 0,
-                tiled: Optional[dict] = None, folded: Optional[dict] = None) -> KernelSource:
+                tiled: Optional[dict] = None, folded: Optional[dict] = None,
+                ftz: frozenset = frozenset()) -> KernelSource:
     """Triton source for schedule `s`. `outputs` maps a root to its program outputs (others are intermediates).
     `faithful` rounds half-precision values as eager does (see `_Emitter.rounded`); reductions in `nan_free`
     use the fast max that skips NaN (analysis.facts.nan_absorbing_maxima says where that is exact); roots in
@@ -686,9 +697,12 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
     tile as eager does. The check's loads overlap other programs' arithmetic and nothing waits for it: no
     host sync, no pass over the inputs before the kernels, no programs of its own in the tail.
     `folded` (see folded_normalisers): the kernel stores those whose statistics it reduces and loads
-    those whose statistics it reads."""
+    those whose statistics it reads. Inputs in `ftz` are checked for the domain "positive" in this plan, which
+    also rejects subnormals (see _IN_DOMAIN): with MODE=0 the logs of them flush subnormals, one instruction
+    in place of four."""
     em = _Emitter(s, inputs, block_row, block_loop, faithful, nan_free)
     em.checks = dict(tiled or {})
+    em.ftz = ftz
     folded = folded or {}
     em.folded = {md: f for md, f in folded.items() if set(md) <= s.boundary}
     body: list[str] = []
@@ -867,7 +881,9 @@ def _placement(em: _Emitter, ntiles: int, grid1: int) -> list[str]:
     return out
 
 
-_IN_DOMAIN = {"positive": "({} > 0)", "nonneg": "({} >= 0)", "nonzero": "({} != 0)"}
+# "positive" asks for a normal number: subnormals go to the fixup pass too, so the first pass's logs may
+# flush them (see emit_kernel)
+_IN_DOMAIN = {"positive": "({} >= 1.1754943508222875e-38)", "nonneg": "({} >= 0)", "nonzero": "({} != 0)"}
 
 
 def _check_term(x: str, dom: Optional[str], mask: Optional[str] = None) -> str:
