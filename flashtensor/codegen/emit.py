@@ -730,8 +730,11 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
                 ctx.lines += [f"more = {_unsettled(em, accs)}", f"l0 += {em.blk[s.loop]}"]
                 body += [f"l0 = {lo} + tl.zeros([], tl.int32)", f"while (l0 < {hi}) & more:"]
             else:
-                # tl.range with explicit stages: Triton then also pipelines the loop's loads that feed no dot
-                body.append(f"for l0 in tl.range({lo}, {hi}, {em.blk[s.loop]}, num_stages={num_stages}):")
+                # tl.range with explicit stages: Triton then also pipelines the loop's loads that feed no dot.
+                # A loop that runs starts at a multiple of the block (see _segments); said so, Triton loads a
+                # tile contiguous along the loop variable (KeyFormer's noise) in 16-byte pieces, not 4
+                body.append(f"for l0 in tl.range(tl.multiple_of({lo}, {em.blk[s.loop]}), {hi}, {em.blk[s.loop]}, "
+                            f"num_stages={num_stages}):")
             body.append(f"    o_{s.loop} = l0 + tl.arange(0, {em.blk[s.loop]})")
             body += ["    " + ln for ln in ctx.lines]
         post = _Body(p + 1, frozenset(), False, {**em.cache_pre, **final_cache})
@@ -806,7 +809,8 @@ def _segments(em: _Emitter) -> list[tuple[str, str, frozenset, bool]]:
     """Loop ranges in order, each with the half-planes that hold on all its tiles and whether it needs
     bounds tests: a predicated head, the bulk (wholly outside every skipped and special half-plane), a
     predicated tail, and the tiles wholly inside the special half-plane before the head or after the
-    tail. Skipped tiles are left out."""
+    tail. Skipped tiles are left out. Every range that is not empty starts at a multiple of the loop block
+    (an empty one may start at hi)."""
     s, L = em.s, em.s.loop
     bl = em.blk[L]
     lo, hi = ["0"], [str(L.extent)]
