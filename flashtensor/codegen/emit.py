@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -681,7 +682,7 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
                 nan_free: frozenset = frozenset(), loaded_later: frozenset = frozenset(),
                 slots: int = 0, check: Optional[dict] = None, part: int = 0,
                 tiled: Optional[dict] = None, folded: Optional[dict] = None,
-                ftz: frozenset = frozenset()) -> KernelSource:
+                ftz: frozenset = frozenset(), partner: bool = False) -> KernelSource:
     """Triton source for schedule `s`. `outputs` maps a root to its program outputs (others are intermediates).
     `faithful` rounds half-precision values as eager does (see `_Emitter.rounded`); reductions in `nan_free`
     use the fast max that skips NaN (analysis.facts.nan_absorbing_maxima says where that is exact); roots in
@@ -699,7 +700,8 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
     `folded` (see folded_normalisers): the kernel stores those whose statistics it reduces and loads
     those whose statistics it reads. Inputs in `ftz` are checked for the domain "positive" in this plan, which
     also rejects subnormals (see _IN_DOMAIN): with MODE=0 the logs of them flush subnormals, one instruction
-    in place of four."""
+    in place of four. `partner` (see _Partner): each program checks the loop tiles its partner row tile
+    skipped, one per step of its own unmasked loop, instead of its own after its tile."""
     em = _Emitter(s, inputs, block_row, block_loop, faithful, nan_free)
     em.checks = dict(tiled or {})
     em.ftz = ftz
@@ -708,6 +710,7 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
     body: list[str] = []
     final_cache: dict[int, tuple[str, list[Var]]] = {}
     segments = _segments(em) if s.loop is not None else []
+    pair = _Partner(em, num_stages) if partner and slots and _Partner.applies(em) else None
     for p in range(s.passes if s.loop is not None else 0):
         accs = [a for a in s.accums.values() if a.pass_ == p]
         running = {a.node: f"acc_{a.node.name}" for a in accs}
@@ -722,7 +725,12 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
             body.append(f"more = {_unsettled(em, accs)}")
         for lo, hi, region, bounds in segments:
             ctx = _Body(p, region, bounds, {**em.cache_pre, **final_cache})
+            ride = pair is not None and p == 0 and (lo, hi) == ("ua", "ub")
+            if ride:
+                ctx.lines += pair.fetch()
             _loop_body(em, ctx, accs, running)
+            if ride:
+                ctx.lines += pair.add()
             for n, _ in em.checks.values():     # a checked load these tiles do not otherwise need
                 if s.loop in n.vars and ctx.lookup(n) is None:
                     ctx.cache[id(n)] = em.compute(n, ctx, ctx.lines)
@@ -769,8 +777,8 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
         if s.loop not in n.vars and id(n) not in em.cache_pre:
             em.value(n, None)
     tile = _placement(em, ntiles, grid1) + [f"o_{v} = tl.arange(0, {em.blk[v]})" for v in s.whole] + \
-        [em.check_acc(i)[0] for i in em.checks] + em.pre + body
-    checked = tile + (_check(em, slots, check or {}, part, tiles, num_stages)
+        [em.check_acc(i)[0] for i in em.checks] + em.pre + (pair.setup(ntiles) if pair else []) + body
+    checked = tile + (_check(em, slots, check or {}, part, tiles, num_stages, pair)
                       if slots and (check or em.checks) else [])
     prog = _modes(em, slots, tiles, tile, checked)
     buffers = list(em.bufs.values())
@@ -924,7 +932,8 @@ def tile_checks(s: Schedule, inputs: list) -> dict[int, LNode]:
     return out
 
 
-def _check(em: _Emitter, slots: int, check: dict, part: int, tiles: int, stages: int) -> list[str]:
+def _check(em: _Emitter, slots: int, check: dict, part: int, tiles: int, stages: int,
+           pair: Optional["_Partner"] = None) -> list[str]:
     """The finite check's lines at the end of a MODE=0 program (see emit_kernel): this program's piece of
     the kernel's part of each checked input, summed as x * 0 in the input's own precision (two half
     values per instruction); inputs of one size share a loop, so their loads are in flight together.
@@ -935,7 +944,9 @@ def _check(em: _Emitter, slots: int, check: dict, part: int, tiles: int, stages:
     flag = em.buffer(FINITE, (1,), torch.float32, "intermediate", written=True)
     skipped = []
     looped = [n for n, _ in em.checks.values() if em.s.loop in n.vars]
-    if looped:
+    if pair is not None:
+        skipped = pair.rest()
+    elif looped:
         L, bl = em.s.loop, em.blk[em.s.loop]
         ctx = _Body(0, frozenset(), True, {})
         em.check_whole = True
@@ -972,6 +983,74 @@ def _check(em: _Emitter, slots: int, check: dict, part: int, tiles: int, stages:
     head = ["if MODE == 0:     # this program's piece of the finite check", "    pid64 = pid.to(tl.int64)"]
     return head + inits + out + skipped + [f"    if {total} != 0:     # NaN: some value here is NaN or inf",
                                            f"        tl.store({flag}, float(\"nan\"))"]
+
+
+class _Partner:
+    """The check of the loop tiles a row tile skips, done by its partner: the program of row tile
+    ntiles - 1 - r checks row tile r's, one per step of its own unmasked loop (loaded at the step's start,
+    added at its end), and those left over after its tile. Under a causal mask a row tile's unmasked steps
+    and its partner's skipped tiles are about as many, so the check's loads run beside the arithmetic
+    instead of after it. Every skipped tile is still checked once, by exactly one program."""
+
+    def __init__(self, em: _Emitter, stages: int) -> None:
+        s, L = em.s, em.s.loop
+        self.em, self.stages, self.bl = em, stages, em.blk[L]
+        self.looped = [n for n, _ in em.checks.values() if L in n.vars]
+        def ren(ln: str) -> str:
+            return re.sub(rf"\bo_{s.row}\b", f"o_{s.row}p", re.sub(rf"\bo_{L}\b", f"o_{L}c", ln))
+        self.loads, self.adds, self.defaults = [], [], []
+        em.check_whole = True
+        for n in self.looped:
+            lines: list[str] = []
+            em.compute(n, _Body(0, frozenset(), True, {}), lines)
+            load = next(ln for ln in lines if " = tl.load(" in ln)
+            shape = ", ".join(str(em.blk[v]) for v in em.tvars(n))
+            self.defaults.append(f"{load.split(' = ')[0]} = tl.full([{shape}], 1, {_TL[em.inputs[n.attrs['input']][1]]})")
+            self.loads.append(ren(load))
+            self.adds += [ren(ln) for ln in lines if ln.endswith(CHECK_MARK)]
+        em.check_whole = False
+
+    @staticmethod
+    def applies(em: _Emitter) -> bool:
+        s = em.s
+        return s.row is not None and s.loop is not None and bool(s.skip) and \
+            any(s.loop in n.vars for n, _ in em.checks.values()) and \
+            not any(s.stops_early(p) for p in range(s.passes))
+
+    def setup(self, ntiles: int) -> list[str]:
+        """The partner's rows and its skipped tiles: nlop before its loop, the rest from hiap on."""
+        s, L, bl = self.em.s, self.em.s.loop, self.bl
+        bounds = {ln.split(" = ")[0]: ln.split(" = ", 1)[1] for ln in self.em.pre if ln.startswith(("lo = ", "hi = "))}
+        partner = lambda e: re.sub(r"\br0\b", "r0p", e)
+        out = [f"r0p = {(ntiles - 1) * self.em.blk[s.row]} - r0", f"o_{s.row}p = r0p + tl.arange(0, {self.em.blk[s.row]})",
+               f"nlop = ({partner(bounds['lo'])}) // {bl}", f"hiap = ({partner(bounds['hi'])} + {bl - 1}) // {bl} * {bl}",
+               f"ntp = nlop + ({L.extent} - hiap + {bl - 1}) // {bl}"]
+        out += [f"chkt{n.attrs['input']} = tl.zeros([{', '.join(str(self.em.blk[v]) for v in self.em.tvars(n))}], tl.float32)"
+                for n in self.looped]
+        return [ln + CHECK_MARK for ln in out]
+
+    def _column(self, k: str) -> list[str]:
+        bl, L = self.bl, self.em.s.loop
+        return [f"c0 = tl.multiple_of(tl.where({k} < nlop, {k} * {bl}, hiap + ({k} - nlop) * {bl}), {bl})",
+                f"o_{L}c = c0 + tl.arange(0, {bl})"]
+
+    def fetch(self) -> list[str]:
+        """Start of an unmasked step: load the partner's next skipped tile, if any is left."""
+        head = [f"kp = (l0 - ua) // {self.bl}"] + self.defaults + ["if kp < ntp:"]
+        body = ["    " + ln for ln in self._column("kp") + self.loads]
+        return [ln + CHECK_MARK for ln in head + body]
+
+    def add(self) -> list[str]:
+        """End of the step: add the tile fetched at its start."""
+        return list(self.adds)
+
+    def rest(self) -> list[str]:
+        """After the tile: the partner's skipped tiles its unmasked steps did not cover, then the sums."""
+        L = self.em.s.loop
+        out = [f"    for kp in tl.range((ub - ua) // {self.bl}, ntp, 1, num_stages={self.stages}):     # partner's skipped tiles"]
+        out += ["        " + ln for ln in self._column("kp") + self.loads + self.adds]
+        return out + [f"    chk{n.attrs['input']} += tl.sum(chkt{n.attrs['input']}, {self.em.tvars(n).index(L)})"
+                      for n in self.looped]
 
 
 def _modes(em: _Emitter, slots: int, tiles: int, tile: list[str], checked: list[str]) -> list[str]:
