@@ -169,6 +169,26 @@ def test_a_subnormal_under_a_log_matches_eager(pos, skipped_tiles_checked_by):
     assert _checks_partner(c) == (skipped_tiles_checked_by == "partner")
 
 
+def test_skipped_tiles_checked_with_fewer_queries_than_keys(skipped_tiles_checked_by):
+    """100 queries against 300 keys, batch 2: the causal mask's diagonal is offset by 200, so row tiles skip
+    fewer loop tiles than their partners loop over and some steps have no partner tile left to check; a
+    bad noise entry in a skipped tile, at a part tile's edge or in a loaded one still gives eager's answer."""
+    g = torch.Generator().manual_seed(SEED)
+    q = torch.randn(2, 100, 2, 16, generator=g)
+    k, v = (torch.randn(2, 300, 2, 16, generator=g) for _ in range(2))
+    noise = 0.5 + torch.rand(2, 2, 100, 300, generator=g)
+    c = ft.compile(workloads.keyformer)
+    for pos in [None, (0, 1, 5, 290), (1, 0, 0, 299), (1, 1, 50, 260), (0, 1, 3, 203), (1, 0, 64, 100)]:
+        bad = noise.clone()
+        if pos is not None:
+            bad[pos] = 0.0
+        ref = workloads.keyformer(q, k, v, bad)
+        assert pos is None or ref[1][pos[:2]].isnan().all()
+        for out, r in zip(c(q, k, v, bad), ref):
+            assert_close(out, r)
+    assert _checks_partner(c) == (skipped_tiles_checked_by == "partner")
+
+
 def banded_noisy_colsums(q, k, noise):
     """Column sums of a softmax over a band of 40 keys (j <= i, j >= i - 40) with -log(noise) added:
     the row kernel's loop skips tiles both before and after the band."""

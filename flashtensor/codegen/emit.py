@@ -1036,7 +1036,8 @@ class _Partner:
 
     def fetch(self) -> list[str]:
         """Start of an unmasked step: load the partner's next skipped tile, if any is left."""
-        head = [f"kp = (l0 - ua) // {self.bl}"] + self.defaults + ["if kp < ntp:"]
+        head = [f"kp = (l0 - ua) // {self.bl}", f"o_{self.em.s.loop}c = tl.arange(0, {self.bl})"] + self.defaults + \
+            ["if kp < ntp:"]     # the defaults, all in the domain, add nothing where no tile is left
         body = ["    " + ln for ln in self._column("kp") + self.loads]
         return [ln + CHECK_MARK for ln in head + body]
 
