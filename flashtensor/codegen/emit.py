@@ -1020,10 +1020,11 @@ class _Partner:
     def setup(self, ntiles: int) -> list[str]:
         """The partner's rows and its skipped tiles: nlop before its loop, the rest from hiap on."""
         s, L, bl = self.em.s, self.em.s.loop, self.bl
-        bounds = {ln.split(" = ")[0]: ln.split(" = ", 1)[1] for ln in self.em.pre if ln.startswith(("lo = ", "hi = "))}
-        partner = lambda e: re.sub(r"\br0\b", "r0p", e)
+        # the partner's lo and hi: this program's (see _segments) with its rows in place of these
+        lo, hi = (re.sub(r"\br0\b", "r0p", next(ln.split(" = ", 1)[1] for ln in self.em.pre if ln.startswith(name)))
+                  for name in ("lo = ", "hi = "))
         out = [f"r0p = {(ntiles - 1) * self.em.blk[s.row]} - r0", f"o_{s.row}p = r0p + tl.arange(0, {self.em.blk[s.row]})",
-               f"nlop = ({partner(bounds['lo'])}) // {bl}", f"hiap = ({partner(bounds['hi'])} + {bl - 1}) // {bl} * {bl}",
+               f"nlop = ({lo}) // {bl}", f"hiap = ({hi} + {bl - 1}) // {bl} * {bl}",
                f"ntp = nlop + ({L.extent} - hiap + {bl - 1}) // {bl}"]
         out += [f"chkt{n.attrs['input']} = tl.zeros([{', '.join(str(self.em.blk[v]) for v in self.em.tvars(n))}], tl.float32)"
                 for n in self.looped]
