@@ -131,6 +131,7 @@ class KernelSource:
     blocks: dict[str, int] = field(default_factory=dict)
     assumes_finite: bool = False   # it skips tiles by value facts that hold for finite inputs
     fixup: bool = False            # relaunched with MODE=1 after the plan: recomputes unless the check passed
+    partner: bool = False          # programs check their partner row tile's skipped tiles (see _Partner)
 
 
 class _Emitter:
@@ -790,7 +791,7 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
         "\n\n@triton.jit\n" + "\n".join(lines) + "\n"
     blocks = {str(v): em.blk[v] for v in em.blk}
     return KernelSource(name, src, buffers, (tiles,), num_warps, num_stages, blocks, bool(s.skip or s.special),
-                        slots > 0)
+                        slots > 0, pair is not None)
 
 
 def folded_normalisers(schedules: list[Schedule]) -> dict[tuple[LNode, LNode], LNode]:

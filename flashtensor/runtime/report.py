@@ -28,6 +28,7 @@ class KernelInfo:
     num_warps: int
     num_stages: int
     blocks: dict[str, int]
+    partner: bool = False       # its programs check their partner row tile's skipped tiles (codegen.emit._Partner)
 
 
 @dataclass
@@ -49,7 +50,8 @@ class Report:
             for b in k.buffers:
                 info = TensorInfo(b.name, b.shape, b.dtype, b.kind)
                 (outs if b.written else ins).append(info)
-            self.kernels.append(KernelInfo(k.name, k.source, k.grid, ins, outs, k.num_warps, k.num_stages, k.blocks))
+            self.kernels.append(KernelInfo(k.name, k.source, k.grid, ins, outs, k.num_warps, k.num_stages, k.blocks,
+                                           k.partner))
         for k, s in zip(program.kernels, program.schedules):
             carried = []
             for a in s.accums.values():
@@ -72,7 +74,8 @@ class Report:
         if p.loops is not None:
             parts += ["", "== loop form ==", str(p.loops)]
         for k, props in zip(self.kernels, self.properties):
-            parts += ["", f"== kernel {k.name}: grid {k.grid}, blocks {k.blocks}, {k.num_warps} warps, {k.num_stages} stages =="]
+            how = f"blocks {k.blocks}, {k.num_warps} warps, {k.num_stages} stages" + (", partner check" if k.partner else "")
+            parts += ["", f"== kernel {k.name}: grid {k.grid}, {how} =="]
             parts += ["roles:"] + [f"  {r}" for r in props.roles]
             parts += [f"carried: {props.loop}"]
             parts += ["skipped tiles: " + (", ".join(props.skipped) or "none")]
