@@ -237,8 +237,7 @@ def _log_plan(c: int, plans: list[KernelPlan], schedules: list[Schedule]) -> Non
 
 
 def _tuned(la: Launch) -> str:
-    k = la.source
-    how = f"blocks {k.blocks}, {k.num_warps} warps, {k.num_stages} stages" + (", partner check" if k.partner else "")
+    how = la.source.config
     return f"{la.ms:.3f} ms ({how})" if la.ms else f"not timed on this device ({how})"
 
 

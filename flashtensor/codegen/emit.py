@@ -133,6 +133,12 @@ class KernelSource:
     fixup: bool = False            # relaunched with MODE=1 after the plan: recomputes unless the check passed
     partner: bool = False          # programs check their partner row tile's skipped tiles (see _Partner)
 
+    @property
+    def config(self) -> str:
+        """The tuned configuration in words (the tuner's progress line, explain's report)."""
+        return f"blocks {self.blocks}, {self.num_warps} warps, {self.num_stages} stages" + \
+            (", partner check" if self.partner else "")
+
 
 class _Emitter:
     def __init__(self, s: Schedule, inputs: list, block_row: int, block_loop: int, faithful: bool,
@@ -731,7 +737,7 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
                 ctx.lines += pair.fetch()
             _loop_body(em, ctx, accs, running)
             if ride:
-                ctx.lines += pair.add()
+                ctx.lines += pair.adds
             for n, _ in em.checks.values():     # a checked load these tiles do not otherwise need
                 if s.loop in n.vars and ctx.lookup(n) is None:
                     ctx.cache[id(n)] = em.compute(n, ctx, ctx.lines)
@@ -944,24 +950,17 @@ def _check(em: _Emitter, slots: int, check: dict, part: int, tiles: int, stages:
     memory `stages` deep, as the main loop's operands do."""
     flag = em.buffer(FINITE, (1,), torch.float32, "intermediate", written=True)
     skipped = []
-    looped = [n for n, _ in em.checks.values() if em.s.loop in n.vars]
+    looped = _looped_checks(em)
     if pair is not None:
         skipped = pair.rest()
     elif looped:
         L, bl = em.s.loop, em.blk[em.s.loop]
-        ctx = _Body(0, frozenset(), True, {})
-        em.check_whole = True
-        for n in looped:
-            em.compute(n, ctx, ctx.lines)
-        em.check_whole = False
-        for n in looped:
-            shape = ", ".join(str(em.blk[v]) for v in em.tvars(n))
-            skipped.append(f"    chkt{n.attrs['input']} = tl.zeros([{shape}], tl.float32)")
+        lines = [ln for n in looped for ln in _skipped_tile_check(em, n)]
+        skipped = ["    " + _whole_tile_acc(em, n)[0] for n in looped]
         for lo, hi in (("0", "lo"), (f"(hi + {bl - 1}) // {bl} * {bl}", str(L.extent))):
             skipped += [f"    for l0 in tl.range({lo}, {hi}, {bl}, num_stages={stages}):     # loop tiles it skipped",
-                        f"        o_{L} = l0 + tl.arange(0, {bl})"] + ["        " + ln for ln in ctx.lines]
-        for n in looped:
-            skipped.append(f"    chk{n.attrs['input']} += tl.sum(chkt{n.attrs['input']}, {em.tvars(n).index(L)})")
+                        f"        o_{L} = l0 + tl.arange(0, {bl})"] + ["        " + ln for ln in lines]
+        skipped += ["    " + _whole_tile_acc(em, n)[1] for n in looped]
     sizes: dict[int, list[int]] = {}
     for i in check:
         sizes.setdefault(math.prod(em.inputs[i][0]), []).append(i)
@@ -986,6 +985,28 @@ def _check(em: _Emitter, slots: int, check: dict, part: int, tiles: int, stages:
                                            f"        tl.store({flag}, float(\"nan\"))"]
 
 
+def _looped_checks(em: _Emitter) -> list[LNode]:
+    """The checked loads over the loop variable: their skipped tiles get a loop of their own (see _check)."""
+    return [n for n, _ in em.checks.values() if em.s.loop in n.vars]
+
+
+def _skipped_tile_check(em: _Emitter, n: LNode) -> list[str]:
+    """Lines that load input n's tile at o_{loop} and add its whole check term into chkt{input}."""
+    lines: list[str] = []
+    em.check_whole = True
+    em.compute(n, _Body(0, frozenset(), True, {}), lines)
+    em.check_whole = False
+    return lines
+
+
+def _whole_tile_acc(em: _Emitter, n: LNode) -> tuple[str, str]:
+    """chkt{input}, the whole-tile check accumulator of the skipped tiles: its initialisation, and its sum
+    over the loop axis into the program's check (see check_add)."""
+    i, tv = n.attrs["input"], em.tvars(n)
+    return (f"chkt{i} = tl.zeros([{', '.join(str(em.blk[v]) for v in tv)}], tl.float32)",
+            f"chk{i} += tl.sum(chkt{i}, {tv.index(em.s.loop)})")
+
+
 class _Partner:
     """The check of the loop tiles a row tile skips, done by its partner: the program of row tile
     ntiles - 1 - r checks row tile r's, one per step of its own unmasked loop (loaded at the step's start,
@@ -996,26 +1017,22 @@ class _Partner:
     def __init__(self, em: _Emitter, stages: int) -> None:
         s, L = em.s, em.s.loop
         self.em, self.stages, self.bl = em, stages, em.blk[L]
-        self.looped = [n for n, _ in em.checks.values() if L in n.vars]
+        self.looped = _looped_checks(em)
         def ren(ln: str) -> str:
             return re.sub(rf"\bo_{s.row}\b", f"o_{s.row}p", re.sub(rf"\bo_{L}\b", f"o_{L}c", ln))
-        self.loads, self.adds, self.defaults = [], [], []
-        em.check_whole = True
+        self.loads, self.adds, self.defaults = [], [], []     # adds: the end of an unmasked step
         for n in self.looped:
-            lines: list[str] = []
-            em.compute(n, _Body(0, frozenset(), True, {}), lines)
+            lines = _skipped_tile_check(em, n)
             load = next(ln for ln in lines if " = tl.load(" in ln)
             shape = ", ".join(str(em.blk[v]) for v in em.tvars(n))
             self.defaults.append(f"{load.split(' = ')[0]} = tl.full([{shape}], 1, {_TL[em.inputs[n.attrs['input']][1]]})")
             self.loads.append(ren(load))
             self.adds += [ren(ln) for ln in lines if ln.endswith(CHECK_MARK)]
-        em.check_whole = False
 
     @staticmethod
     def applies(em: _Emitter) -> bool:
         s = em.s
-        return s.row is not None and s.loop is not None and bool(s.skip) and \
-            any(s.loop in n.vars for n, _ in em.checks.values()) and \
+        return s.row is not None and s.loop is not None and bool(s.skip) and bool(_looped_checks(em)) and \
             not any(s.stops_early(p) for p in range(s.passes))
 
     def setup(self, ntiles: int) -> list[str]:
@@ -1027,9 +1044,7 @@ class _Partner:
         out = [f"r0p = {(ntiles - 1) * self.em.blk[s.row]} - r0", f"o_{s.row}p = r0p + tl.arange(0, {self.em.blk[s.row]})",
                f"nlop = ({lo}) // {bl}", f"hiap = ({hi} + {bl - 1}) // {bl} * {bl}",
                f"ntp = nlop + ({L.extent} - hiap + {bl - 1}) // {bl}"]
-        out += [f"chkt{n.attrs['input']} = tl.zeros([{', '.join(str(self.em.blk[v]) for v in self.em.tvars(n))}], tl.float32)"
-                for n in self.looped]
-        return [ln + CHECK_MARK for ln in out]
+        return [ln + CHECK_MARK for ln in out + [_whole_tile_acc(self.em, n)[0] for n in self.looped]]
 
     def _column(self, k: str) -> list[str]:
         bl, L = self.bl, self.em.s.loop
@@ -1043,17 +1058,11 @@ class _Partner:
         body = ["    " + ln for ln in self._column("kp") + self.loads]
         return [ln + CHECK_MARK for ln in head + body]
 
-    def add(self) -> list[str]:
-        """End of the step: add the tile fetched at its start."""
-        return list(self.adds)
-
     def rest(self) -> list[str]:
         """After the tile: the partner's skipped tiles its unmasked steps did not cover, then the sums."""
-        L = self.em.s.loop
         out = [f"    for kp in tl.range((ub - ua) // {self.bl}, ntp, 1, num_stages={self.stages}):     # partner's skipped tiles"]
         out += ["        " + ln for ln in self._column("kp") + self.loads + self.adds]
-        return out + [f"    chk{n.attrs['input']} += tl.sum(chkt{n.attrs['input']}, {self.em.tvars(n).index(L)})"
-                      for n in self.looped]
+        return out + ["    " + _whole_tile_acc(self.em, n)[1] for n in self.looped]
 
 
 def _modes(em: _Emitter, slots: int, tiles: int, tile: list[str], checked: list[str]) -> list[str]:

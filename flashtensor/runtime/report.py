@@ -73,9 +73,8 @@ class Report:
         parts = ["== captured graph ==", str(p.captured), "", "== decomposed graph ==", str(p.decomposed)]
         if p.loops is not None:
             parts += ["", "== loop form ==", str(p.loops)]
-        for k, props in zip(self.kernels, self.properties):
-            how = f"blocks {k.blocks}, {k.num_warps} warps, {k.num_stages} stages" + (", partner check" if k.partner else "")
-            parts += ["", f"== kernel {k.name}: grid {k.grid}, {how} =="]
+        for k, src, props in zip(self.kernels, p.kernels, self.properties):
+            parts += ["", f"== kernel {k.name}: grid {k.grid}, {src.config} =="]
             parts += ["roles:"] + [f"  {r}" for r in props.roles]
             parts += [f"carried: {props.loop}"]
             parts += ["skipped tiles: " + (", ".join(props.skipped) or "none")]
