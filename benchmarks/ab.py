@@ -42,8 +42,7 @@ def worker(name: str, shape: str, rep: int | None) -> dict:
         from triton.testing import do_bench
         rec["call_ms"] = [do_bench(lambda: compiled(*args), warmup=25, rep=rep, return_mode="median") for _ in range(2)]
         rec["kernels"] = [f"{k.name} {ms:.4f} ({'x'.join(str(b) for b in k.blocks.values())}, "
-                          f"w{k.num_warps} s{k.num_stages}{' partner' if k.partner else ''})"
-                          for k, ms in kernel_times(prog, args, max(rep // 2, 10))]
+                          f"w{k.num_warps} s{k.num_stages})" for k, ms in kernel_times(prog, args, max(rep // 2, 10))]
     else:
         rec["kernels"] = [la.source.name for la in prog.launches]
     return rec

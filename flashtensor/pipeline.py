@@ -270,10 +270,9 @@ def _tune_kernels(loops: LoopGraph, schedules: list[Schedule], faithful: bool, n
     launches = []
     for k, s in enumerate(schedules):
         roots = {r: owner[r] for r in s.plan.roots if r in owner}
-        la = tune(lambda cfg: emit_kernel(s, f"ft_kernel{k}", loops.inputs, roots, *cfg[:4], faithful=faithful,
+        la = tune(lambda cfg: emit_kernel(s, f"ft_kernel{k}", loops.inputs, roots, *cfg, faithful=faithful,
                                           nan_free=nan_free, loaded_later=loaded, slots=slots, check=flat,
-                                          part=k, tiled=tiled[k], folded=folded, ftz=ftz,
-                                          partner=cfg[4:] == (True,)), bufs, device)
+                                          part=k, tiled=tiled[k], folded=folded, ftz=ftz), bufs, device)
         la(bufs)
         log.debug("kernel %d source:\n%s", k, la.source.source)
         tuned(k, la)

@@ -116,25 +116,9 @@ def test_finite_inputs_after_nan_inputs_run_the_kernels_again():
     assert len(c.programs) == 1
 
 
-@pytest.fixture(params=["own", "partner"])
-def skipped_tiles_checked_by(request, monkeypatch):
-    """Each program checks the loop tiles its row tile skipped, or those of its partner row tile beside its
-    own loop (codegen.emit._Partner, a tuner option on the GPU): the test runs with each."""
-    if request.param == "partner":
-        from flashtensor.runtime import autotune
-        monkeypatch.setattr(autotune, "CONFIGS", [autotune.CONFIGS[0][:4] + (True,)])
-        monkeypatch.setenv("FLASHTENSOR_CACHE", "0")    # the plan cache's key does not name the config
-    return request.param
-
-
-def _checks_partner(c) -> bool:
-    (prog,) = c.programs.values()
-    return any(k.partner for k in prog.kernels)
-
-
 @pytest.mark.parametrize("value", [0.0, -2.0])
 @pytest.mark.parametrize("pos", [(0, 1, 5, 290), (0, 0, 250, 10)])
-def test_finite_inputs_outside_a_logs_domain_match_eager(value, pos, skipped_tiles_checked_by):
+def test_finite_inputs_outside_a_logs_domain_match_eager(value, pos):
     """KeyFormer's noise is finite at 0 or -2, but -log of it is +inf or NaN, and -inf + inf is NaN in the
     masked tile the kernels skip (the first position; the second is unmasked): eager's softmax row is
     NaN there, so every column sum is. The check holds the noise to log's domain as well."""
@@ -150,11 +134,10 @@ def test_finite_inputs_outside_a_logs_domain_match_eager(value, pos, skipped_til
         assert_close(out, r)
     (prog,) = c.programs.values()
     assert prog.launches and any(kernel.assumes_finite for kernel in prog.kernels)
-    assert _checks_partner(c) == (skipped_tiles_checked_by == "partner")
 
 
 @pytest.mark.parametrize("pos", [(0, 1, 5, 290), (0, 0, 250, 10)])
-def test_a_subnormal_under_a_log_matches_eager(pos, skipped_tiles_checked_by):
+def test_a_subnormal_under_a_log_matches_eager(pos):
     """The first pass takes logs with subnormals flushed to 0 (one GPU instruction in place of four; the
     interpreter flushes by hand), so the check sends a subnormal noise entry, in a skipped tile or a
     loaded one, to the fixup pass, whose logs keep it: -log(1e-40) is 92.1, finite, as in eager."""
@@ -166,13 +149,12 @@ def test_a_subnormal_under_a_log_matches_eager(pos, skipped_tiles_checked_by):
     assert all(r.isfinite().all() for r in ref)
     for out, r in zip(c(*bad), ref):
         assert_close(out, r)
-    assert _checks_partner(c) == (skipped_tiles_checked_by == "partner")
 
 
-def test_skipped_tiles_checked_with_fewer_queries_than_keys(skipped_tiles_checked_by):
-    """100 queries against 300 keys, batch 2: the causal mask's diagonal is offset by 200, so row tiles skip
-    fewer loop tiles than their partners loop over and some steps have no partner tile left to check; a
-    bad noise entry in a skipped tile, at a part tile's edge or in a loaded one still gives eager's answer."""
+def test_skipped_tiles_checked_with_fewer_queries_than_keys():
+    """100 queries against 300 keys, batch 2: the causal mask's diagonal is offset by 200, so the row tiles
+    skip the loop tiles right of it, a part tile among them; a bad noise entry in a skipped tile, at a part
+    tile's edge or in a loaded one still gives eager's answer."""
     g = torch.Generator().manual_seed(SEED)
     q = torch.randn(2, 100, 2, 16, generator=g)
     k, v = (torch.randn(2, 300, 2, 16, generator=g) for _ in range(2))
@@ -186,7 +168,6 @@ def test_skipped_tiles_checked_with_fewer_queries_than_keys(skipped_tiles_checke
         assert pos is None or ref[1][pos[:2]].isnan().all()
         for out, r in zip(c(q, k, v, bad), ref):
             assert_close(out, r)
-    assert _checks_partner(c) == (skipped_tiles_checked_by == "partner")
 
 
 def banded_noisy_colsums(q, k, noise):
@@ -200,7 +181,7 @@ def banded_noisy_colsums(q, k, noise):
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, 0.0])
-def test_an_input_checked_on_the_tiles_is_checked_where_they_skip(value, skipped_tiles_checked_by):
+def test_an_input_checked_on_the_tiles_is_checked_where_they_skip(value):
     """The noise is checked on the tiles the row kernel loads and, for the tiles it skips, by the check's
     own loads (codegen.emit.tile_checks). Under the interpreter the row tiles are 128 and the loop's 64,
     so the band of rows 128-255 skips columns 0-63 and 256-299 (a part tile): a bad value in either,
@@ -220,7 +201,6 @@ def test_an_input_checked_on_the_tiles_is_checked_where_they_skip(value, skipped
         assert ref[0, 1].isnan().all() != (value == math.inf) and not ref[0, 0].isnan().any()  # -log inf: p = 0
         assert_close(c(q, k, bad), ref)
     assert_close(c(q, k, noise), banded_noisy_colsums(q, k, noise))
-    assert _checks_partner(c) == (skipped_tiles_checked_by == "partner")
 
 
 def per_key_weighted_attention(q, k, v, w):

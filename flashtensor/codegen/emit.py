@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -131,13 +130,11 @@ class KernelSource:
     blocks: dict[str, int] = field(default_factory=dict)
     assumes_finite: bool = False   # it skips tiles by value facts that hold for finite inputs
     fixup: bool = False            # relaunched with MODE=1 after the plan: recomputes unless the check passed
-    partner: bool = False          # programs check their partner row tile's skipped tiles (see _Partner)
 
     @property
     def config(self) -> str:
         """The tuned configuration in words (the tuner's progress line, explain's report)."""
-        return f"blocks {self.blocks}, {self.num_warps} warps, {self.num_stages} stages" + \
-            (", partner check" if self.partner else "")
+        return f"blocks {self.blocks}, {self.num_warps} warps, {self.num_stages} stages"
 
 
 class _Emitter:
@@ -689,7 +686,7 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
                 nan_free: frozenset = frozenset(), loaded_later: frozenset = frozenset(),
                 slots: int = 0, check: Optional[dict] = None, part: int = 0,
                 tiled: Optional[dict] = None, folded: Optional[dict] = None,
-                ftz: frozenset = frozenset(), partner: bool = False) -> KernelSource:
+                ftz: frozenset = frozenset()) -> KernelSource:
     """Triton source for schedule `s`. `outputs` maps a root to its program outputs (others are intermediates).
     `faithful` rounds half-precision values as eager does (see `_Emitter.rounded`); reductions in `nan_free`
     use the fast max that skips NaN (analysis.facts.nan_absorbing_maxima says where that is exact); roots in
@@ -707,8 +704,7 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
     `folded` (see folded_normalisers): the kernel stores those whose statistics it reduces and loads
     those whose statistics it reads. Inputs in `ftz` are checked for the domain "positive" in this plan, which
     also rejects subnormals (see _IN_DOMAIN): with MODE=0 the logs of them flush subnormals, one instruction
-    in place of four. `partner` (see _Partner): each program checks the loop tiles its partner row tile
-    skipped, one per step of its own unmasked loop, instead of its own after its tile."""
+    in place of four."""
     em = _Emitter(s, inputs, block_row, block_loop, faithful, nan_free)
     em.checks = dict(tiled or {})
     em.ftz = ftz
@@ -717,7 +713,6 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
     body: list[str] = []
     final_cache: dict[int, tuple[str, list[Var]]] = {}
     segments = _segments(em) if s.loop is not None else []
-    pair = _Partner(em, num_stages) if partner and slots and _Partner.applies(em) else None
     for p in range(s.passes if s.loop is not None else 0):
         accs = [a for a in s.accums.values() if a.pass_ == p]
         running = {a.node: f"acc_{a.node.name}" for a in accs}
@@ -732,12 +727,7 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
             body.append(f"more = {_unsettled(em, accs)}")
         for lo, hi, region, bounds in segments:
             ctx = _Body(p, region, bounds, {**em.cache_pre, **final_cache})
-            ride = pair is not None and p == 0 and (lo, hi) == ("ua", "ub")
-            if ride:
-                ctx.lines += pair.fetch()
             _loop_body(em, ctx, accs, running)
-            if ride:
-                ctx.lines += pair.adds
             for n, _ in em.checks.values():     # a checked load these tiles do not otherwise need
                 if s.loop in n.vars and ctx.lookup(n) is None:
                     ctx.cache[id(n)] = em.compute(n, ctx, ctx.lines)
@@ -784,8 +774,8 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
         if s.loop not in n.vars and id(n) not in em.cache_pre:
             em.value(n, None)
     tile = _placement(em, ntiles, grid1) + [f"o_{v} = tl.arange(0, {em.blk[v]})" for v in s.whole] + \
-        [em.check_acc(i)[0] for i in em.checks] + em.pre + (pair.setup(ntiles) if pair else []) + body
-    checked = tile + (_check(em, slots, check or {}, part, tiles, num_stages, pair)
+        [em.check_acc(i)[0] for i in em.checks] + em.pre + body
+    checked = tile + (_check(em, slots, check or {}, part, tiles, num_stages)
                       if slots and (check or em.checks) else [])
     prog = _modes(em, slots, tiles, tile, checked)
     buffers = list(em.bufs.values())
@@ -797,7 +787,7 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
         "\n\n@triton.jit\n" + "\n".join(lines) + "\n"
     blocks = {str(v): em.blk[v] for v in em.blk}
     return KernelSource(name, src, buffers, (tiles,), num_warps, num_stages, blocks, bool(s.skip or s.special),
-                        slots > 0, pair is not None)
+                        slots > 0)
 
 
 def folded_normalisers(schedules: list[Schedule]) -> dict[tuple[LNode, LNode], LNode]:
@@ -939,8 +929,7 @@ def tile_checks(s: Schedule, inputs: list) -> dict[int, LNode]:
     return out
 
 
-def _check(em: _Emitter, slots: int, check: dict, part: int, tiles: int, stages: int,
-           pair: Optional["_Partner"] = None) -> list[str]:
+def _check(em: _Emitter, slots: int, check: dict, part: int, tiles: int, stages: int) -> list[str]:
     """The finite check's lines at the end of a MODE=0 program (see emit_kernel): this program's piece of
     the kernel's part of each checked input, summed as x * 0 in the input's own precision (two half
     values per instruction); inputs of one size share a loop, so their loads are in flight together.
@@ -950,17 +939,22 @@ def _check(em: _Emitter, slots: int, check: dict, part: int, tiles: int, stages:
     memory `stages` deep, as the main loop's operands do."""
     flag = em.buffer(FINITE, (1,), torch.float32, "intermediate", written=True)
     skipped = []
-    looped = _looped_checks(em)
-    if pair is not None:
-        skipped = pair.rest()
-    elif looped:
+    looped = [n for n, _ in em.checks.values() if em.s.loop in n.vars]
+    if looped:
         L, bl = em.s.loop, em.blk[em.s.loop]
-        lines = [ln for n in looped for ln in _skipped_tile_check(em, n)]
-        skipped = ["    " + _whole_tile_acc(em, n)[0] for n in looped]
+        ctx = _Body(0, frozenset(), True, {})
+        em.check_whole = True
+        for n in looped:
+            em.compute(n, ctx, ctx.lines)
+        em.check_whole = False
+        for n in looped:
+            shape = ", ".join(str(em.blk[v]) for v in em.tvars(n))
+            skipped.append(f"    chkt{n.attrs['input']} = tl.zeros([{shape}], tl.float32)")
         for lo, hi in (("0", "lo"), (f"(hi + {bl - 1}) // {bl} * {bl}", str(L.extent))):
             skipped += [f"    for l0 in tl.range({lo}, {hi}, {bl}, num_stages={stages}):     # loop tiles it skipped",
-                        f"        o_{L} = l0 + tl.arange(0, {bl})"] + ["        " + ln for ln in lines]
-        skipped += ["    " + _whole_tile_acc(em, n)[1] for n in looped]
+                        f"        o_{L} = l0 + tl.arange(0, {bl})"] + ["        " + ln for ln in ctx.lines]
+        for n in looped:
+            skipped.append(f"    chk{n.attrs['input']} += tl.sum(chkt{n.attrs['input']}, {em.tvars(n).index(L)})")
     sizes: dict[int, list[int]] = {}
     for i in check:
         sizes.setdefault(math.prod(em.inputs[i][0]), []).append(i)
@@ -983,86 +977,6 @@ def _check(em: _Emitter, slots: int, check: dict, part: int, tiles: int, stages:
     head = ["if MODE == 0:     # this program's piece of the finite check", "    pid64 = pid.to(tl.int64)"]
     return head + inits + out + skipped + [f"    if {total} != 0:     # NaN: some value here is NaN or inf",
                                            f"        tl.store({flag}, float(\"nan\"))"]
-
-
-def _looped_checks(em: _Emitter) -> list[LNode]:
-    """The checked loads over the loop variable: their skipped tiles get a loop of their own (see _check)."""
-    return [n for n, _ in em.checks.values() if em.s.loop in n.vars]
-
-
-def _skipped_tile_check(em: _Emitter, n: LNode) -> list[str]:
-    """Lines that load input n's tile at o_{loop} and add its whole check term into chkt{input}."""
-    lines: list[str] = []
-    em.check_whole = True
-    em.compute(n, _Body(0, frozenset(), True, {}), lines)
-    em.check_whole = False
-    return lines
-
-
-def _whole_tile_acc(em: _Emitter, n: LNode) -> tuple[str, str]:
-    """chkt{input}, the whole-tile check accumulator of the skipped tiles: its initialisation, and its sum
-    over the loop axis into the program's check (see check_add)."""
-    i, tv = n.attrs["input"], em.tvars(n)
-    return (f"chkt{i} = tl.zeros([{', '.join(str(em.blk[v]) for v in tv)}], tl.float32)",
-            f"chk{i} += tl.sum(chkt{i}, {tv.index(em.s.loop)})")
-
-
-class _Partner:
-    """The check of the loop tiles a row tile skips, done by its partner: the program of row tile
-    ntiles - 1 - r checks row tile r's, one per step of its own unmasked loop (loaded at the step's start,
-    added at its end), and those left over after its tile. Under a causal mask a row tile's unmasked steps
-    and its partner's skipped tiles are about as many, so the check's loads run beside the arithmetic
-    instead of after it. Every skipped tile is still checked once, by exactly one program."""
-
-    def __init__(self, em: _Emitter, stages: int) -> None:
-        s, L = em.s, em.s.loop
-        self.em, self.stages, self.bl = em, stages, em.blk[L]
-        self.looped = _looped_checks(em)
-        def ren(ln: str) -> str:
-            return re.sub(rf"\bo_{s.row}\b", f"o_{s.row}p", re.sub(rf"\bo_{L}\b", f"o_{L}c", ln))
-        self.loads, self.adds, self.defaults = [], [], []     # adds: the end of an unmasked step
-        for n in self.looped:
-            lines = _skipped_tile_check(em, n)
-            load = next(ln for ln in lines if " = tl.load(" in ln)
-            shape = ", ".join(str(em.blk[v]) for v in em.tvars(n))
-            self.defaults.append(f"{load.split(' = ')[0]} = tl.full([{shape}], 1, {_TL[em.inputs[n.attrs['input']][1]]})")
-            self.loads.append(ren(load))
-            self.adds += [ren(ln) for ln in lines if ln.endswith(CHECK_MARK)]
-
-    @staticmethod
-    def applies(em: _Emitter) -> bool:
-        s = em.s
-        return s.row is not None and s.loop is not None and bool(s.skip) and bool(_looped_checks(em)) and \
-            not any(s.stops_early(p) for p in range(s.passes))
-
-    def setup(self, ntiles: int) -> list[str]:
-        """The partner's rows and its skipped tiles: nlop before its loop, the rest from hiap on."""
-        s, L, bl = self.em.s, self.em.s.loop, self.bl
-        # the partner's lo and hi: this program's (see _segments) with its rows in place of these
-        lo, hi = (re.sub(r"\br0\b", "r0p", next(ln.split(" = ", 1)[1] for ln in self.em.pre if ln.startswith(name)))
-                  for name in ("lo = ", "hi = "))
-        out = [f"r0p = {(ntiles - 1) * self.em.blk[s.row]} - r0", f"o_{s.row}p = r0p + tl.arange(0, {self.em.blk[s.row]})",
-               f"nlop = ({lo}) // {bl}", f"hiap = ({hi} + {bl - 1}) // {bl} * {bl}",
-               f"ntp = nlop + ({L.extent} - hiap + {bl - 1}) // {bl}"]
-        return [ln + CHECK_MARK for ln in out + [_whole_tile_acc(self.em, n)[0] for n in self.looped]]
-
-    def _column(self, k: str) -> list[str]:
-        bl, L = self.bl, self.em.s.loop
-        return [f"c0 = tl.multiple_of(tl.where({k} < nlop, {k} * {bl}, hiap + ({k} - nlop) * {bl}), {bl})",
-                f"o_{L}c = c0 + tl.arange(0, {bl})"]
-
-    def fetch(self) -> list[str]:
-        """Start of an unmasked step: load the partner's next skipped tile, if any is left."""
-        head = [f"kp = (l0 - ua) // {self.bl}", f"o_{self.em.s.loop}c = tl.arange(0, {self.bl})"] + self.defaults + \
-            ["if kp < ntp:"]     # the defaults, all in the domain, add nothing where no tile is left
-        body = ["    " + ln for ln in self._column("kp") + self.loads]
-        return [ln + CHECK_MARK for ln in head + body]
-
-    def rest(self) -> list[str]:
-        """After the tile: the partner's skipped tiles its unmasked steps did not cover, then the sums."""
-        out = [f"    for kp in tl.range((ub - ua) // {self.bl}, ntp, 1, num_stages={self.stages}):     # partner's skipped tiles"]
-        out += ["        " + ln for ln in self._column("kp") + self.loads + self.adds]
-        return out + ["    " + _whole_tile_acc(self.em, n)[1] for n in self.looped]
 
 
 def _modes(em: _Emitter, slots: int, tiles: int, tile: list[str], checked: list[str]) -> list[str]:

@@ -15,13 +15,9 @@ from .launch import Launch, allocate, interpreting, load_kernel
 
 log = logging.getLogger(__name__)
 
-# (row block, loop block, warps, stages[, partner]): first is the default, the rest are tried on a GPU. With
-# partner True a kernel that checks an input on its loop tiles checks its partner row tile's skipped ones
-# beside its own loop (codegen.emit._Partner); other kernels give the same source and are not timed twice.
-# Only 8 warps: at 4 the extra tile spills (KeyFormer's row kernel at 128 x 32) or halves the programs per SM
+# (row block, loop block, warps, stages): first is the default, the rest are tried on a GPU
 CONFIGS = [(128, 64, 4, 2), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3), (64, 128, 4, 3),
-           (64, 64, 4, 2), (128, 128, 4, 2), (64, 32, 4, 2), (128, 32, 8, 3),
-           (128, 64, 8, 3, True), (128, 32, 8, 3, True)]
+           (64, 64, 4, 2), (128, 128, 4, 2), (64, 32, 4, 2), (128, 32, 8, 3)]
 
 
 def tune(variants: Callable[[tuple], KernelSource], buffers: dict, device: torch.device) -> Launch:

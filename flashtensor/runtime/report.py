@@ -28,7 +28,6 @@ class KernelInfo:
     num_warps: int
     num_stages: int
     blocks: dict[str, int]
-    partner: bool = False       # its programs check their partner row tile's skipped tiles (codegen.emit._Partner)
 
 
 @dataclass
@@ -50,8 +49,7 @@ class Report:
             for b in k.buffers:
                 info = TensorInfo(b.name, b.shape, b.dtype, b.kind)
                 (outs if b.written else ins).append(info)
-            self.kernels.append(KernelInfo(k.name, k.source, k.grid, ins, outs, k.num_warps, k.num_stages, k.blocks,
-                                           k.partner))
+            self.kernels.append(KernelInfo(k.name, k.source, k.grid, ins, outs, k.num_warps, k.num_stages, k.blocks))
         for k, s in zip(program.kernels, program.schedules):
             carried = []
             for a in s.accums.values():
