@@ -213,6 +213,18 @@ def test_column_sums_fold_the_row_normaliser_into_the_exponent():
     assert torch.isnan(ft.compile(fn)(q, k, v)).all() == torch.isnan(fn(q, k, v)).all()
 
 
+def test_a_probability_used_twice_is_exponentiated_once():
+    """RoCo sums p and p * p over the queries: its column kernel loads the row statistic and takes p's
+    exponential once per tile step, and both sums read it, with the results eager gives."""
+    fn, args = W.make("roco", device="cpu", dtype=torch.float32, S=70, H=2, D=32, B=2, seed=3)
+    report = _run(fn, args)
+    cols = [k.triton_source for k in report.kernels if "tl.dot" in k.triton_source and "* p_" in k.triton_source]
+    assert cols, [k.triton_source for k in report.kernels]
+    for step in cols[0].split("for l0 in ")[1:]:
+        assert step.count("tl.exp2(") == 1, step
+        assert re.search(r"\b(p_\d+) \* \1\b", step), step
+
+
 def _written(q, k, v, form):
     s = _scores(q, k) + torch.full((q.shape[1], k.shape[1]), float("-inf")).triu(1)
     if form == "windows":                      # fuses: each write becomes a select over an index range

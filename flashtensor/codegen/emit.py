@@ -432,12 +432,17 @@ class _Emitter:
         if len(dv) >= len(tv) or len(mv) >= len(tv) or (mv and dv != mv) or self.deps_acc(d) or \
                 (isinstance(m, LNode) and self.deps_acc(m)):
             return None
-        lse = self.fresh("lse")
+        key = (id(e), id(d), tuple(tv))
+        if key in ctx.quotients:     # a second use in this body (p and p * p): no second load and exponential
+            return ctx.quotients[key]
+        lse, p = self.fresh("lse"), self.fresh("p")
         if (m, d) in self.folded:       # stored by the kernel that reduced m and d: one load, no log per step
             self.load_intermediate(self.folded[m, d], lse, lines)
         else:
             lines.append(f"{lse} = {self.arg(m, dv, ctx)} + _log2_approx({self.arg(d, dv, ctx)}, False)")
-        return f"tl.exp2({self.arg(x, tv, ctx)} - {self.bcast(lse, dv, tv)})"
+        lines.append(f"{p} = tl.exp2({self.arg(x, tv, ctx)} - {self.bcast(lse, dv, tv)})")
+        ctx.quotients[key] = p
+        return p
 
     def rounded(self, n: LNode, expr: str) -> str:
         """Round like eager where the node is half precision, in programs with float32 outputs computed
@@ -675,6 +680,7 @@ class _Body:
         self.running: dict[LNode, str] = {}     # this pass's running maxima, as this body sees them
         self.lines: list[str] = []
         self.cache: dict[int, tuple[str, list[Var]]] = {}
+        self.quotients: dict[tuple, str] = {}     # exp_over's results by (id(e), id(d), tile variables)
         self.parent = parent_cache
 
     def lookup(self, n: LNode):
