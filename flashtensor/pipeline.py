@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from .analysis.facts import input_domains, nan_absorbing_maxima
+from .analysis.facts import input_domains, nan_absorbing_maxima, narrowed_inputs
 from .codegen.emit import KernelSource, emit_kernel, folded_normalisers, tile_checks
 from .codegen.schedule import MAX_WHOLE, Schedule, ScheduleError, build_schedule
 from .frontend.capture import capture
@@ -174,9 +174,11 @@ def _search(prog: Program, fused: Graph, example: list[torch.Tensor]) -> dict:
     device = example[0].device
     try:
         loops, consts = to_loops(fused)
-        # fp16 only: bf16's coarser rounding at different points than eager's costs more than it buys
+        # fp16 only: bf16's coarser rounding at different points than eager's costs more than it buys. An
+        # input cast to fp16 is rounded whatever the outputs: its zeros and infs are eager's (a log of them)
+        narrowed = narrowed_inputs(loops)
         faithful = any(o.dtype == torch.float32 for o in loops.outputs) and \
-            any(dt == torch.float16 for _, dt in loops.inputs)
+            any(dt == torch.float16 for _, dt in loops.inputs) or torch.float16 in narrowed.values()
         loops = fold_exp2(loops, through_half=not faithful)
         log.debug("loop form:\n%s", loops)
         nan_free = frozenset(nan_absorbing_maxima(loops))
@@ -196,7 +198,7 @@ def _search(prog: Program, fused: Graph, example: list[torch.Tensor]) -> dict:
                 errors.append(str(e))
                 continue
             _log_plan(c, plans, schedules)
-            launches = _tune_kernels(loops, schedules, faithful, nan_free, bufs, device,
+            launches = _tune_kernels(loops, schedules, faithful, narrowed, nan_free, bufs, device,
                                      lambda k, la: progress.info(
                                          "partition %d/%d, kernel %d/%d: %s, %.1f s", c + 1, len(candidates), k + 1,
                                          len(schedules), _tuned(la), time.perf_counter() - start))
@@ -241,10 +243,11 @@ def _tuned(la: Launch) -> str:
     return f"{la.ms:.3f} ms ({how})" if la.ms else f"not timed on this device ({how})"
 
 
-def _tune_kernels(loops: LoopGraph, schedules: list[Schedule], faithful: bool, nan_free: frozenset,
-                  bufs: dict, device: torch.device, tuned: Callable[[int, Launch], None]) -> list[Launch]:
+def _tune_kernels(loops: LoopGraph, schedules: list[Schedule], faithful: bool, narrowed: dict,
+                  nan_free: frozenset, bufs: dict, device: torch.device,
+                  tuned: Callable[[int, Launch], None]) -> list[Launch]:
     """Emit and tune each kernel in plan order, running it so the next one sees its results; `tuned`
-    hears of each."""
+    hears of each. The check tests an input that a cast narrows (`narrowed`) as narrowed."""
     owner: dict[LNode, list[LOutput]] = {}
     for o in loops.outputs:
         owner.setdefault(o.node, []).append(o)
@@ -272,7 +275,8 @@ def _tune_kernels(loops: LoopGraph, schedules: list[Schedule], faithful: bool, n
         roots = {r: owner[r] for r in s.plan.roots if r in owner}
         la = tune(lambda cfg: emit_kernel(s, f"ft_kernel{k}", loops.inputs, roots, *cfg, faithful=faithful,
                                           nan_free=nan_free, loaded_later=loaded, slots=slots, check=flat,
-                                          part=k, tiled=tiled[k], folded=folded, ftz=ftz), bufs, device)
+                                          part=k, tiled=tiled[k], folded=folded, ftz=ftz, narrowed=narrowed),
+                  bufs, device)
         la(bufs)
         log.debug("kernel %d source:\n%s", k, la.source.source)
         tuned(k, la)

@@ -8,7 +8,7 @@ import torch
 
 import flashtensor as ft
 from flashtensor import workloads
-from flashtensor.analysis.facts import input_domains
+from flashtensor.analysis.facts import input_domains, narrowed_inputs
 from flashtensor.frontend.capture import CaptureError, capture
 from flashtensor.pipeline import FallbackWarning, fusable_part
 from flashtensor.transform.decompose import decompose
@@ -170,6 +170,35 @@ def test_skipped_tiles_checked_with_fewer_queries_than_keys():
             assert_close(out, r)
 
 
+def noisy_colsums_of_half_noise(q, k, noise, tau=1.5):
+    """KeyFormer's noisy column sums with the float32 noise cast to fp16 before its log."""
+    s = (q.transpose(1, 2) @ k.transpose(1, 2).transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    s = s + torch.full((q.shape[1], k.shape[1]), float("-inf")).triu(1)
+    g = -noise.half().log().float()
+    return torch.softmax((s + g) / tau, dim=-1).sum(dim=2)
+
+
+@pytest.mark.parametrize("pos,value", [((0, 1, 5, 290), 1e-9), ((0, 0, 250, 10), 1e-9),
+                                       ((0, 1, 5, 290), 1e6), ((0, 0, 250, 10), 1e-6)])
+def test_an_input_cast_to_fp16_is_checked_and_rounded_as_cast(pos, value):
+    """fp16(1e-9) is 0, so eager's -log is +inf: NaN in the masked tile the kernels skip (the first
+    position), and +inf - +inf, NaN, in the loaded one. fp16(1e6) is inf and fp16(1e-6) a subnormal. The
+    check tests the noise as cast (analysis.facts.narrowed_inputs) and the kernels round the cast as eager
+    does, though every input and output is float32."""
+    g = torch.Generator().manual_seed(SEED)
+    q, k = (torch.randn(1, 300, 2, 16, generator=g) for _ in range(2))
+    noise = 0.5 + torch.rand(1, 2, 300, 300, generator=g)
+    c = ft.compile(noisy_colsums_of_half_noise)
+    bad = noise.clone()
+    bad[pos] = value
+    ref = noisy_colsums_of_half_noise(q, k, bad)
+    assert ref[pos[:2]].isnan().all() == (value == 1e-9)
+    assert_close(c(q, k, bad), ref)
+    assert_close(c(q, k, noise), noisy_colsums_of_half_noise(q, k, noise))
+    report = ft.explain(noisy_colsums_of_half_noise, q, k, noise)
+    assert any(".to(tl.float16).to(tl.float32)" in kern.triton_source for kern in report.kernels)
+
+
 def banded_noisy_colsums(q, k, noise):
     """Column sums of a softmax over a band of 40 keys (j <= i, j >= i - 40) with -log(noise) added:
     the row kernel's loop skips tiles both before and after the band."""
@@ -236,6 +265,18 @@ def test_input_domains_follow_the_ops_that_read_an_input():
     xs = [torch.rand(4, 8) + 0.5 for _ in range(5)]
     loops, _ = to_loops(fusable_part(decompose(capture(fn, xs))))
     assert input_domains(loops) == {0: "positive", 2: "nonneg", 3: "nonzero", 4: "positive"}
+
+
+def test_narrowed_inputs_name_the_narrowest_cast_of_each_input():
+    """A cast to a type with a smaller range narrows an input (float32 to fp16 or bf16, bf16 to fp16); a
+    widening one, or a cast of a computed value, does not."""
+    def fn(a, b, c, d):
+        return (a.half().float() + a.bfloat16().float() + b.bfloat16().half().float() + c.double().float()
+                + (d * 2).half().float())
+
+    xs = [torch.rand(4, 8) + 0.5 for _ in range(4)]
+    loops, _ = to_loops(fusable_part(decompose(capture(fn, xs))))
+    assert narrowed_inputs(loops) == {0: torch.float16, 1: torch.float16}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

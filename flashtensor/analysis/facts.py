@@ -16,6 +16,8 @@ import math
 import operator
 from typing import Optional
 
+import torch
+
 from ..ir.loops import Affine, LNode, LoopGraph
 
 Region = tuple[Affine, ...]      # conjunction of half-planes e >= 0
@@ -255,6 +257,19 @@ def input_domains(g: LoopGraph) -> dict[int, str]:
         if (i := read_input(arg)) is not None:
             need.setdefault(i, set()).add(what)
     return {i: next(iter(w)) if len(w) == 1 else "positive" for i, w in need.items()}
+
+
+def narrowed_inputs(g: LoopGraph) -> dict:
+    """Program inputs that a cast narrows (to a float type with a smaller range: float32 to fp16), each with
+    the narrowest such type. Eager's cast turns 1e-9 into 0 and 1e6 into inf there, so a check of the input
+    must look at the narrowed value (a log of it is -inf, not -20.7)."""
+    out: dict = {}
+    for n in g.nodes:
+        i = read_input(n) if n.op == "cast" and n.dtype.is_floating_point else None
+        if i is not None and g.inputs[i][1].is_floating_point and \
+                torch.finfo(n.dtype).max < torch.finfo(out.get(i, g.inputs[i][1])).max:
+            out[i] = n.dtype
+    return out
 
 
 def read_input(x) -> Optional[int]:

@@ -162,6 +162,7 @@ class _Emitter:
         self.check_whole = False    # check_add keeps whole tiles (the loop over skipped tiles, see _check)
         self.folded: dict[tuple[LNode, LNode], LNode] = {}  # (m, d) -> m + log2 d, stored by an earlier kernel
         self.ftz: frozenset[int] = frozenset()   # inputs whose logs flush subnormals in the first pass (see emit_kernel)
+        self.narrowed: dict[int, torch.dtype] = {}   # inputs the check tests as cast (see emit_kernel)
 
     # ---- naming and broadcasting --------------------------------------------------------
     def fresh(self, base: str) -> str:
@@ -212,11 +213,15 @@ class _Emitter:
         input's domain; masked-off elements count as inside), summed over the loop's axis into a small
         accumulator (`check_acc`), or whole where the tile has no loop axis (it is loaded once). In the loop
         over skipped tiles it adds whole tiles into `chkt{i}` and leaves the sum to after the loop."""
-        term = _check_term(raw, self.checks[i][1], mask)
+        term = _check_term(self.as_checked(i, raw), self.checks[i][1], mask)
         if self.check_whole:
             return f"chkt{i} += {term}{CHECK_MARK}"
         red = f"tl.sum({term}, {tv.index(self.s.loop)})" if self.s.loop in tv else f"tl.sum(tl.ravel({term}), 0)"
         return f"chk{i} += {red}.to(tl.float32){CHECK_MARK}"
+
+    def as_checked(self, i: int, x: str) -> str:
+        """Input i's value x as the check tests it: through the narrowest cast the program applies to it."""
+        return f"{x}.to({_TL[self.narrowed[i]]}).to(tl.float32)" if i in self.narrowed else x
 
     def check_acc(self, i: int) -> tuple[str, str]:
         """Input i's tile-check accumulator: its initialisation and its sum."""
@@ -692,7 +697,7 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
                 nan_free: frozenset = frozenset(), loaded_later: frozenset = frozenset(),
                 slots: int = 0, check: Optional[dict] = None, part: int = 0,
                 tiled: Optional[dict] = None, folded: Optional[dict] = None,
-                ftz: frozenset = frozenset()) -> KernelSource:
+                ftz: frozenset = frozenset(), narrowed: Optional[dict] = None) -> KernelSource:
     """Triton source for schedule `s`. `outputs` maps a root to its program outputs (others are intermediates).
     `faithful` rounds half-precision values as eager does (see `_Emitter.rounded`); reductions in `nan_free`
     use the fast max that skips NaN (analysis.facts.nan_absorbing_maxima says where that is exact); roots in
@@ -710,10 +715,12 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
     `folded` (see folded_normalisers): the kernel stores those whose statistics it reduces and loads
     those whose statistics it reads. Inputs in `ftz` are checked for the domain "positive" in this plan, which
     also rejects subnormals (see _IN_DOMAIN): with MODE=0 the logs of them flush subnormals, one instruction
-    in place of four."""
+    in place of four. The check tests an input in `narrowed` (analysis.facts.narrowed_inputs) as its cast to
+    the type given there, so a value that cast makes 0 or inf goes to the fixup pass too."""
     em = _Emitter(s, inputs, block_row, block_loop, faithful, nan_free)
     em.checks = dict(tiled or {})
     em.ftz = ftz
+    em.narrowed = narrowed or {}
     folded = folded or {}
     em.folded = {md: f for md, f in folded.items() if set(md) <= s.boundary}
     body: list[str] = []
@@ -977,7 +984,7 @@ def _check(em: _Emitter, slots: int, check: dict, part: int, tiles: int, stages:
             shape, dtype = em.inputs[i]
             inits.append(f"    chk{i} = tl.zeros([{blk}], {_TL[dtype]})")
             out += [f"        v{i} = tl.load({em.buffer(('in', i), shape, dtype, 'input')} + o, mask=o < end, other=0)",
-                    f"        chk{i} += {_check_term(f'v{i}', check[i], 'o < end')}"]
+                    f"        chk{i} += {_check_term(em.as_checked(i, f'v{i}'), check[i], 'o < end')}"]
     total = " + ".join([f"tl.sum(chk{i}.to(tl.float32), 0)" for i in check] +
                        [em.check_acc(i)[1] for i in em.checks])
     head = ["if MODE == 0:     # this program's piece of the finite check", "    pid64 = pid.to(tl.int64)"]
