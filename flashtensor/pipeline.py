@@ -177,8 +177,8 @@ def _search(prog: Program, fused: Graph, example: list[torch.Tensor]) -> dict:
         # fp16 only: bf16's coarser rounding at different points than eager's costs more than it buys. An
         # input cast to fp16 is rounded whatever the outputs: its zeros and infs are eager's (a log of them)
         narrowed = narrowed_inputs(loops)
-        faithful = any(o.dtype == torch.float32 for o in loops.outputs) and \
-            any(dt == torch.float16 for _, dt in loops.inputs) or torch.float16 in narrowed.values()
+        faithful = (any(o.dtype == torch.float32 for o in loops.outputs) and
+                    any(dt == torch.float16 for _, dt in loops.inputs)) or torch.float16 in narrowed.values()
         loops = fold_exp2(loops, through_half=not faithful)
         log.debug("loop form:\n%s", loops)
         nan_free = frozenset(nan_absorbing_maxima(loops))

@@ -259,11 +259,11 @@ def input_domains(g: LoopGraph) -> dict[int, str]:
     return {i: next(iter(w)) if len(w) == 1 else "positive" for i, w in need.items()}
 
 
-def narrowed_inputs(g: LoopGraph) -> dict:
+def narrowed_inputs(g: LoopGraph) -> dict[int, torch.dtype]:
     """Program inputs that a cast narrows (to a float type with a smaller range: float32 to fp16), each with
     the narrowest such type. Eager's cast turns 1e-9 into 0 and 1e6 into inf there, so a check of the input
     must look at the narrowed value (a log of it is -inf, not -20.7)."""
-    out: dict = {}
+    out: dict[int, torch.dtype] = {}
     for n in g.nodes:
         i = read_input(n) if n.op == "cast" and n.dtype.is_floating_point else None
         if i is not None and g.inputs[i][1].is_floating_point and \
