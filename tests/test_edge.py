@@ -199,6 +199,27 @@ def test_an_input_cast_to_fp16_is_checked_and_rounded_as_cast(pos, value):
     assert any(".to(tl.float16).to(tl.float32)" in kern.triton_source for kern in report.kernels)
 
 
+def test_a_bias_cast_to_fp16_that_overflows_in_a_skipped_tile_matches_eager():
+    """No log here: fp16(1e6) is inf, and -inf + inf is NaN in the masked tile the kernels skip, so the
+    finiteness check alone must test the bias as cast."""
+    g = torch.Generator().manual_seed(SEED)
+    q, k = (torch.randn(1, 300, 2, 16, generator=g) for _ in range(2))
+    bias = torch.randn(1, 2, 300, 300, generator=g)
+
+    def fn(q, k, bias):
+        s = (q.transpose(1, 2) @ k.transpose(1, 2).transpose(-2, -1)) / 4.0
+        s = s + torch.full((300, 300), float("-inf")).triu(1) + bias.half().float()
+        return torch.softmax(s, dim=-1).sum(dim=2)
+
+    c = ft.compile(fn)
+    bad = bias.clone()
+    bad[0, 1, 5, 290] = 1e6
+    ref = fn(q, k, bad)
+    assert ref[0, 1].isnan().all() and not ref[0, 0].isnan().any()
+    assert_close(c(q, k, bad), ref)
+    assert_close(c(q, k, bias), fn(q, k, bias))
+
+
 def banded_noisy_colsums(q, k, noise):
     """Column sums of a softmax over a band of 40 keys (j <= i, j >= i - 40) with -log(noise) added:
     the row kernel's loop skips tiles both before and after the band."""
