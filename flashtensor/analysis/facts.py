@@ -272,6 +272,12 @@ def narrowed_inputs(g: LoopGraph) -> dict[int, torch.dtype]:
     return out
 
 
+def exact_cast(n: LNode) -> bool:
+    """A float cast that keeps every value of its operand's type (fp16 or bf16 to float32)."""
+    a, b = torch.finfo(n.args[0].dtype), torch.finfo(n.dtype)
+    return b.max >= a.max and b.eps <= a.eps and b.smallest_normal <= a.smallest_normal
+
+
 def read_input(x) -> Optional[int]:
     """The program input that x is, directly or through casts; None for anything computed."""
     while isinstance(x, LNode) and x.op == "cast":

@@ -17,7 +17,7 @@ from typing import Optional, Union
 
 import torch
 
-from ..analysis.facts import IDENTITY, Facts, negate
+from ..analysis.facts import IDENTITY, Facts, exact_cast, negate, read_input
 from ..analysis.roles import Roles, kernel_nodes, reduction_deps, roles
 from ..ir.loops import Affine, LNode, Var
 from ..partition.plan import KernelPlan
@@ -87,13 +87,15 @@ class Schedule:
 def factorize(x, power: int = 1, atoms: frozenset = frozenset()) -> list[Factor]:
     """A product as its factors, seeing through mul, div and float casts, but not through `atoms`: the
     values a kernel loads from an earlier one are factors as they stand, since the nodes inside them are
-    not the kernel's."""
+    not the kernel's. A cast of an input that rounds (float32 q cast to fp16) stays a factor: eager's
+    matmul reads the rounded values, and the dot then takes them in that type."""
     if isinstance(x, LNode) and x not in atoms:
         if x.op == "mul":
             return factorize(x.args[0], power, atoms) + factorize(x.args[1], power, atoms)
         if x.op == "div":
             return factorize(x.args[0], power, atoms) + factorize(x.args[1], -power, atoms)
-        if x.op == "cast" and x.dtype.is_floating_point and x.args[0].dtype.is_floating_point:
+        if x.op == "cast" and x.dtype.is_floating_point and x.args[0].dtype.is_floating_point and \
+                (exact_cast(x) or read_input(x.args[0]) is None):
             return factorize(x.args[0], power, atoms)
     return [(x, power)]
 
