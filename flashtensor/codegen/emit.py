@@ -78,6 +78,16 @@ def _max_nan(a, b):
 @triton.jit
 def _min_nan(a, b):
     return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _interpreted_bf16(x):
+    # float32 x rounded to the nearest bf16 value, kept in float32, under the interpreter (whose float32 to
+    # bf16 conversion truncates, where the GPU's and eager's round to nearest even), which runs bf16 dots
+    # in float32 on such operands
+    b = x.to(tl.int32, bitcast=True)
+    r = ((b + 0x7FFF + ((b >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
+    return tl.where(x != x, x, r)
 """
 _UN = {"exp": "tl.exp({})", "log": "tl.log({})", "abs": "tl.abs({})", "sqrt": "tl.sqrt({})", "rsqrt": "tl.rsqrt({})",
        "exp2": "tl.exp2({})", "log2": "tl.log2({})", "log2_approx": "_log2_approx({}, False)", "neg": "(-{})",
@@ -531,7 +541,7 @@ class _Emitter:
             if prec:
                 expr = f"({expr}).to({_TL[prec]})"
             elif any(isinstance(f, LNode) and f.dtype == torch.bfloat16 for f, _ in a + b):
-                expr = f"({expr}).to(tl.bfloat16).to(tl.float32)"   # interpreter: bf16 operands (it truncates, the GPU rounds)
+                expr = f"_interpreted_bf16({expr})"   # interpreter: bf16 operands, rounded as on the GPU
         var = self.fresh("op")
         shape = ", ".join(str(self.blk[v]) for v in canon)
         lines.append(f"{var} = tl.broadcast_to({expr}, ({shape}))")
