@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from ..ir.loops import Affine, LNode, LoopGraph
+from ..ir.loops import Affine, LNode, LoopGraph, read_input
 
 Region = tuple[Affine, ...]      # conjunction of half-planes e >= 0
 Fact = tuple[Region, object]     # the node equals the constant on the region
@@ -272,16 +272,3 @@ def narrowed_inputs(g: LoopGraph) -> dict[int, torch.dtype]:
     return out
 
 
-def exact_cast(n: LNode) -> bool:
-    """A float cast that keeps every value of its operand's type (fp16 or bf16 to float32)."""
-    a, b = torch.finfo(n.args[0].dtype), torch.finfo(n.dtype)
-    return b.max >= a.max and b.eps <= a.eps and b.smallest_normal <= a.smallest_normal
-
-
-def read_input(x) -> Optional[int]:
-    """The program input that x is, directly or through casts; None for anything computed."""
-    while isinstance(x, LNode) and x.op == "cast":
-        x = x.args[0]
-    if isinstance(x, LNode) and x.op == "load" and isinstance(x.attrs["input"], int):
-        return x.attrs["input"]
-    return None

@@ -13,8 +13,8 @@ from typing import Optional
 
 import torch
 
-from ..analysis.facts import IDENTITY, read_input
-from ..ir.loops import Affine, LNode, LOutput, Var
+from ..analysis.facts import IDENTITY
+from ..ir.loops import Affine, LNode, LOutput, Var, read_input, rounds_input
 from .schedule import Accum, Schedule, ScheduleError
 
 _TL = {torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.float32: "tl.float32",
@@ -81,13 +81,15 @@ def _min_nan(a, b):
 
 
 @triton.jit
-def _interpreted_bf16(x):
-    # float32 x rounded to the nearest bf16 value, kept in float32, under the interpreter (whose float32 to
-    # bf16 conversion truncates, where the GPU's and eager's round to nearest even), which runs bf16 dots
-    # in float32 on such operands
-    b = x.to(tl.int32, bitcast=True)
-    r = ((b + 0x7FFF + ((b >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
-    return tl.where(x != x, x, r)
+def _round_bf16(x):
+    # float32 x rounded to the nearest bf16 value, kept in float32. The interpreter's conversion truncates
+    # (the GPU's and eager's round to nearest even), so there the rounding is done on the bits
+    if _INTERPRETED:
+        b = x.to(tl.int32, bitcast=True)
+        r = ((b + 0x7FFF + ((b >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
+        return tl.where(x != x, x, r)
+    else:
+        return x.to(tl.bfloat16).to(tl.float32)
 """
 _UN = {"exp": "tl.exp({})", "log": "tl.log({})", "abs": "tl.abs({})", "sqrt": "tl.sqrt({})", "rsqrt": "tl.rsqrt({})",
        "exp2": "tl.exp2({})", "log2": "tl.log2({})", "log2_approx": "_log2_approx({}, False)", "neg": "(-{})",
@@ -386,7 +388,7 @@ class _Emitter:
         y = x
         while isinstance(y, LNode):
             if y.op == "cast" and y.dtype.is_floating_point and y.args[0].dtype.is_floating_point \
-                    and not (self.faithful and y.dtype in _HALF):
+                    and not (self.faithful and y.dtype in _HALF) and not rounds_input(y):
                 y = y.args[0]          # emitted as no instruction
                 continue
             zero = [i for i, a in enumerate(y.args) if y.op in ("add", "sub")
@@ -461,9 +463,11 @@ class _Emitter:
 
     def rounded(self, n: LNode, expr: str) -> str:
         """Round like eager where the node is half precision, in programs with float32 outputs computed
-        from half inputs: their 1e-4 contract is tighter than the rounding eager applies on the way."""
-        if self.faithful and n.dtype in _HALF:
-            return f"({expr}).to({_TL[n.dtype]}).to(tl.float32)"
+        from half inputs: their 1e-4 contract is tighter than the rounding eager applies on the way. A cast
+        of an input that rounds is rounded in every plan, so that dots and elementwise products, in
+        whichever kernel, read the same values."""
+        if (self.faithful and n.dtype in _HALF) or rounds_input(n):
+            return _round_to(n.dtype, expr)
         return expr
 
     def half_scale(self, n: LNode, tv: list[Var], ctx) -> Optional[str]:
@@ -541,7 +545,7 @@ class _Emitter:
             if prec:
                 expr = f"({expr}).to({_TL[prec]})"
             elif any(isinstance(f, LNode) and f.dtype == torch.bfloat16 for f, _ in a + b):
-                expr = f"_interpreted_bf16({expr})"   # interpreter: bf16 operands, rounded as on the GPU
+                expr = f"_round_bf16({expr})"   # interpreter: bf16 operands, rounded as on the GPU
         var = self.fresh("op")
         shape = ", ".join(str(self.blk[v]) for v in canon)
         lines.append(f"{var} = tl.broadcast_to({expr}, ({shape}))")
@@ -609,6 +613,11 @@ class _Emitter:
                 den.append(self.arg(f, tv, ctx))
         e = " * ".join(num) if num else "1.0"
         return e + "".join(f" / {d}" for d in den)
+
+
+def _round_to(dtype: torch.dtype, expr: str) -> str:
+    """expr, a float32 value, rounded to the half type and kept in float32."""
+    return f"_round_bf16({expr})" if dtype == torch.bfloat16 else f"({expr}).to({_TL[dtype]}).to(tl.float32)"
 
 
 def _identity_operand(op: str, a: str, b: str) -> Optional[int]:

@@ -17,9 +17,9 @@ from typing import Optional, Union
 
 import torch
 
-from ..analysis.facts import IDENTITY, Facts, exact_cast, negate, read_input
+from ..analysis.facts import IDENTITY, Facts, negate
 from ..analysis.roles import Roles, kernel_nodes, reduction_deps, roles
-from ..ir.loops import Affine, LNode, Var
+from ..ir.loops import Affine, LNode, Var, rounds_input
 from ..partition.plan import KernelPlan
 
 MAX_WHOLE = 256           # largest extent held whole in a tile
@@ -95,7 +95,7 @@ def factorize(x, power: int = 1, atoms: frozenset = frozenset()) -> list[Factor]
         if x.op == "div":
             return factorize(x.args[0], power, atoms) + factorize(x.args[1], -power, atoms)
         if x.op == "cast" and x.dtype.is_floating_point and x.args[0].dtype.is_floating_point and \
-                (exact_cast(x) or read_input(x.args[0]) is None):
+                not rounds_input(x):
             return factorize(x.args[0], power, atoms)
     return [(x, power)]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -256,3 +256,25 @@ def _eval_node(n: LNode, vals, args, device) -> torch.Tensor:
     if n.op in ("maximum", "minimum"):
         b = b if isinstance(b, torch.Tensor) else torch.tensor(b, dtype=a.dtype, device=device)
     return BINARY[n.op](a, b).to(cd)
+
+
+def exact_cast(n: LNode) -> bool:
+    """A float cast that keeps every value of its operand's type (fp16 or bf16 to float32)."""
+    a, b = torch.finfo(n.args[0].dtype), torch.finfo(n.dtype)
+    return b.max >= a.max and b.eps <= a.eps and b.smallest_normal <= a.smallest_normal
+
+
+def read_input(x) -> Optional[int]:
+    """The program input that x is, directly or through casts; None for anything computed."""
+    while isinstance(x, LNode) and x.op == "cast":
+        x = x.args[0]
+    if isinstance(x, LNode) and x.op == "load" and isinstance(x.attrs["input"], int):
+        return x.attrs["input"]
+    return None
+
+
+def rounds_input(n: LNode) -> bool:
+    """A float cast of a program input that can change its values (float32 to fp16 or bf16): eager's
+    later ops read the rounded values, so the kernels round it too, in every plan."""
+    return n.op == "cast" and n.dtype.is_floating_point and n.args[0].dtype.is_floating_point and \
+        not exact_cast(n) and read_input(n.args[0]) is not None

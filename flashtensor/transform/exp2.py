@@ -13,8 +13,9 @@ relative one in the result, far inside the float32 contract, and the accurate lo
 twenty instructions per element (KeyFormer's Gumbel noise).
 
 Half-precision values are only scaled through when the kernels compute them in float32
-without rounding (`through_half`); where eager's fp16 rounding is reproduced, scaling
-before the rounding would change the rounded value, so the factor stops there.
+without rounding (`through_half`); where eager's fp16 rounding is reproduced, and at a cast of
+an input that rounds (always reproduced), scaling before the rounding would change the rounded
+value, so the factor stops there.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import math
 
 import torch
 
-from ..ir.loops import LNode, LoopGraph, NodeTable, loop_topo, var_union
+from ..ir.loops import LNode, LoopGraph, NodeTable, loop_topo, rounds_input, var_union
 
 LOG2E = 1.0 / math.log(2.0)
 _HALF = (torch.float16, torch.bfloat16)
@@ -49,7 +50,7 @@ class _Folder:
         return self.table.get(op, args, dtype, vs, attrs)
 
     def opaque_to_scaling(self, n: LNode) -> bool:
-        return n.dtype in _HALF and not self.through_half
+        return n.dtype in _HALF and (not self.through_half or rounds_input(n))
 
     def scale(self, x, c: float = LOG2E):
         """x * c, pushed as far down as the rules allow."""
