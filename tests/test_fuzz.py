@@ -243,7 +243,7 @@ def check(spec: Spec, fn: Callable, args: tuple, out, ref) -> None:
 
 def _interpreter_floor(exact: torch.Tensor, dtype: torch.dtype) -> float:
     """Triton's interpreter truncates float32 to bf16 (the GPU rounds to nearest). The kernels' dot operands
-    are rounded as on the GPU (codegen.emit's _interpreted_bf16), but the stores truncate, toward zero. The
+    are rounded as on the GPU (codegen.emit's _round_bf16), but the stores truncate, toward zero. The
     floor is twice the error of truncating the exact answer, and at least two bf16 steps (2^-8) where the
     outputs are too few for truncation errors to average out (a 2 x 2 causal softmax whose output truncated
     twice is 6.9e-3 from the exact answer, while truncating the exact answer once is 2.1e-3 from it): a
