@@ -233,7 +233,7 @@ class _Emitter:
 
     def as_checked(self, i: int, x: str) -> str:
         """Input i's value x as the check tests it: through the narrowest cast the program applies to it."""
-        return f"{x}.to({_TL[self.narrowed[i]]}).to(tl.float32)" if i in self.narrowed else x
+        return _round_to(self.narrowed[i], x) if i in self.narrowed else x
 
     def check_acc(self, i: int) -> tuple[str, str]:
         """Input i's tile-check accumulator: its initialisation and its sum."""
@@ -388,7 +388,7 @@ class _Emitter:
         y = x
         while isinstance(y, LNode):
             if y.op == "cast" and y.dtype.is_floating_point and y.args[0].dtype.is_floating_point \
-                    and not (self.faithful and y.dtype in _HALF) and not rounds_input(y):
+                    and not self.rounds(y):
                 y = y.args[0]          # emitted as no instruction
                 continue
             zero = [i for i, a in enumerate(y.args) if y.op in ("add", "sub")
@@ -397,7 +397,7 @@ class _Emitter:
             if not (isinstance(other, LNode) and other.dtype == y.dtype):
                 break
             y = other                  # x + 0 on these tiles: a copy
-        if not isinstance(y, LNode) or y.op != "mul" or (self.faithful and y.dtype in _HALF):
+        if not isinstance(y, LNode) or y.op != "mul" or self.rounds(y):
             return x, 1.0
         for i in (0, 1):
             c, other = self.constant(y.args[i], ctx.region), y.args[1 - i]
@@ -466,9 +466,11 @@ class _Emitter:
         from half inputs: their 1e-4 contract is tighter than the rounding eager applies on the way. A cast
         of an input that rounds is rounded in every plan, so that dots and elementwise products, in
         whichever kernel, read the same values."""
-        if (self.faithful and n.dtype in _HALF) or rounds_input(n):
-            return _round_to(n.dtype, expr)
-        return expr
+        return _round_to(n.dtype, expr) if self.rounds(n) else expr
+
+    def rounds(self, n: LNode) -> bool:
+        """Whether `rounded` rounds n (else n's float32 value stands for it, no instruction)."""
+        return (self.faithful and n.dtype in _HALF) or rounds_input(n)
 
     def half_scale(self, n: LNode, tv: list[Var], ctx) -> Optional[str]:
         """A faithful fp16 product of fp16 values and a constant (the scores' scale) on the packed fp16 unit:
@@ -545,7 +547,7 @@ class _Emitter:
             if prec:
                 expr = f"({expr}).to({_TL[prec]})"
             elif any(isinstance(f, LNode) and f.dtype == torch.bfloat16 for f, _ in a + b):
-                expr = f"_round_bf16({expr})"   # interpreter: bf16 operands, rounded as on the GPU
+                expr = _round_to(torch.bfloat16, expr)   # interpreter: bf16 operands, rounded as on the GPU
         var = self.fresh("op")
         shape = ", ".join(str(self.blk[v]) for v in canon)
         lines.append(f"{var} = tl.broadcast_to({expr}, ({shape}))")
