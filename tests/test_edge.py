@@ -151,6 +151,75 @@ def test_a_subnormal_under_a_log_matches_eager(pos):
         assert_close(out, r)
 
 
+@pytest.mark.parametrize("value,pos", [(math.nan, (0, 1, 5, 290)), (math.nan, (0, 0, 250, 10)),
+                                       (math.inf, (0, 1, 130, 129))])
+def test_a_check_carried_by_a_sum_catches_every_bad_value(value, pos):
+    """In the loaded tiles the noise's check is carried by the row kernel's first sum over the same tile:
+    the flushing log of the noise, times 0, is added into it in the first pass (NaN where the noise is not
+    positive normal and finite), and the flag tests that sum; the fixup pass leaves it out. NaN noise
+    makes eager's row NaN; +inf is -inf under -log, which eager's softmax takes as 0 (a skipped, a loaded
+    and a diagonal tile's position)."""
+    fn, args = workloads.make("keyformer", device="cpu", dtype=torch.float32, S=300, H=2, D=16)
+    report = ft.explain(fn, *args)
+    assert any("tl.sum(_with_check(" in kern.triton_source for kern in report.kernels)
+    c = ft.compile(fn)
+    bad = [a.clone() for a in args]
+    bad[3][pos] = value
+    ref = fn(*bad)
+    assert ref[1][pos[:2]].isnan().all() == (value != math.inf) and ref[0].isfinite().all()
+    for out, r in zip(c(*bad), ref):
+        assert_close(out, r)
+
+
+def noisy_row_max(q, k, noise):
+    """The largest of each row's exp(s) / noise: the noise's log (flushing, in exp2's argument), and no sum
+    for its check to ride on."""
+    s = q.transpose(1, 2) @ k.transpose(1, 2).transpose(-2, -1) * 0.25
+    return torch.exp(s + torch.full((q.shape[1], k.shape[1]), -math.inf).triu(1) - noise.log()).amax(dim=-1)
+
+
+def test_a_logs_check_without_a_sum_to_carry_it_matches_eager():
+    """With only a row max over the noisy scores, the log's check of a loaded tile is summed on its own: a
+    subnormal there goes to the fixup pass, whose log keeps it (the interpreter's NaN-propagating max is
+    slow, so one case)."""
+    value, pos = 1e-40, (0, 0, 150, 10)
+    g = torch.Generator().manual_seed(SEED)
+    q, k = (torch.randn(1, 200, 2, 16, generator=g) for _ in range(2))
+    noise = 0.5 + torch.rand(1, 2, 200, 200, generator=g)
+    assert any("= _log2_approx(" in kern.triton_source and "tl.sum(_with_check(" not in kern.triton_source
+               for kern in ft.explain(noisy_row_max, q, k, noise).kernels)
+    bad = noise.clone()
+    bad[pos] = value
+    assert_close(compiled(noisy_row_max, q, k, bad), noisy_row_max(q, k, bad))
+
+
+def masked_softmax_with(op: str):
+    def fn(q, k, v, w):
+        s = q.transpose(1, 2) @ k.transpose(1, 2).transpose(-2, -1)
+        extra = 1 / w if op == "reciprocal" else w.sqrt()
+        p = torch.softmax(s + torch.full((q.shape[1], k.shape[1]), -math.inf).triu(1) + extra, dim=-1)
+        return p @ v.transpose(1, 2)
+    return fn
+
+
+@pytest.mark.parametrize("op,value,pos", [("reciprocal", 0.0, (0, 1, 5, 290)), ("reciprocal", math.inf, (0, 0, 250, 10)),
+                                          ("sqrt", -1.0, (0, 1, 5, 290)), ("sqrt", math.nan, (0, 0, 250, 10))])
+def test_skipped_tiles_held_to_a_divisors_or_a_roots_domain(op, value, pos):
+    """The loop over skipped tiles keeps a running minimum of the domain's measure (|w| for a divisor, w
+    for a square root) beside the sum of w * 0: 1 / 0 is inf and sqrt(-1) NaN, NaN with the mask's -inf
+    in the skipped tile (the first position), so eager's row is NaN; in the loaded tile (the second) the
+    kernels compute what eager does."""
+    g = torch.Generator().manual_seed(SEED)
+    q, k, v = (torch.randn(1, 300, 2, 16, generator=g) for _ in range(3))
+    w = 0.5 + torch.rand(1, 2, 300, 300, generator=g)
+    fn = masked_softmax_with(op)
+    bad = w.clone()
+    bad[pos] = value
+    ref = fn(q, k, v, bad)
+    assert_close(compiled(fn, q, k, v, bad), ref)
+    assert_close(compiled(fn, q, k, v, w), fn(q, k, v, w))
+
+
 def test_skipped_tiles_checked_with_fewer_queries_than_keys():
     """100 queries against 300 keys, batch 2: the causal mask's diagonal is offset by 200, so the row tiles
     skip the loop tiles right of it, a part tile among them; a bad noise entry in a skipped tile, at a part
