@@ -86,5 +86,27 @@ def test_log_under_an_exp_becomes_log2_and_a_log_output_stays():
     ops = [n.op for n in folded.nodes]
     assert ops.count("log2_approx") == 1 and ops.count("log") == 1, ops
     consts = [a for n in folded.nodes if n.op == "mul" and n.args[0].op == "log2_approx" for a in n.args[1:]]
-    assert consts and abs(consts[0] - 1 / 1.5) < 1e-12, consts      # ln 2 * log2 e / 1.5 merged
+    assert consts and abs(consts[0] + math.log(2)) < 1e-12, consts      # -log u = log2 u * -ln 2
+    outer = [n.args[1] for n in folded.nodes if n.op == "mul" and n.args[0].op == "add"]
+    assert outer and abs(outer[0] - LOG2E / 1.5) < 1e-12, outer      # (s + g) * log2 e / 1.5: one multiply
+    _check(loops, folded, ins, 1e-5)
+
+
+def test_a_scale_both_sides_would_keep_is_factored_out():
+    """(a * 2 + b * 3) under an exp: both sides keep a multiply by a constant after the log2 e factor is
+    pushed in, so the sum is (a + b * 1.5) * (2 log2 e), one multiply that a running max takes outside;
+    where one side absorbs the factor (a * 2 + 0.5: the constant), it is pushed into both as before."""
+    def fn(a, b):
+        return F.softmax(a * 2 + b * 3, dim=-1), F.softmax(a * 2 + 0.5, dim=-1)
+
+    g = torch.Generator().manual_seed(6)
+    args = (torch.randn(3, 19, 29, generator=g), torch.randn(3, 19, 29, generator=g))
+    loops, ins = _loops(fn, args)
+    folded = fold_exp2(loops, through_half=True)
+    factored = [n for n in folded.nodes if n.op == "mul" and n.args[0].op == "add"]
+    assert len(factored) == 1 and abs(factored[0].args[1] - 2 * LOG2E) < 1e-12, factored
+    inner = factored[0].args[0].args[1]
+    assert inner.op == "mul" and abs(inner.args[1] - 1.5) < 1e-12, inner.args
+    maxima = [n for n in folded.nodes if n.op == "reduce" and n.attrs["kind"] == "max"]
+    assert any(m.args[0] is factored[0] for m in maxima)
     _check(loops, folded, ins, 1e-5)

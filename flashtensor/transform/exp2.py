@@ -74,7 +74,7 @@ class _Folder:
             if isinstance(other, LNode) and other.dtype == x.dtype and k != 0 and math.isfinite(k):
                 return self.scale(other, k * c)
         if op in ("add", "sub"):
-            return self.node(op, (self.scale(a[0], c), self.scale(a[1], c)), x.dtype)
+            return self.factored(op, self.scale(a[0], c), self.scale(a[1], c), x.dtype)
         if op == "neg":
             return self.node("neg", (self.scale(a[0], c),), x.dtype)
         if op == "where":
@@ -89,6 +89,18 @@ class _Folder:
             return self.node("cast", (self.scale(a[0], c),), x.dtype)
         return self.node("mul", (x, c), x.dtype)
 
+    def factored(self, op: str, left, right, dtype: torch.dtype) -> LNode:
+        """left op right, where both still carry a multiply by a constant (k1 > 0 on the left), as
+        (l op r * (k2 / k1)) * k1: one multiply is left, which a running max takes outside (the emitter's
+        `scaled`) and the exponent's subtraction fuses, in place of one on each side and an add. KeyFormer's
+        (s + g) / tau with g = -log(noise): s * c + lg2(noise) * (-c ln 2) becomes
+        (s + lg2(noise) * -ln 2) * c."""
+        (l, k1), (r, k2) = _residual(left), _residual(right)
+        if k1 is None or k2 is None or not 0 < k1 < math.inf:
+            return self.node(op, (left, right), dtype)
+        inner = self.node(op, (l, self.scale(r, k2 / k1)), dtype)
+        return self.node("mul", (inner, k1), dtype)
+
     def rewrite(self, n: LNode, feeds_exp: set[int]) -> LNode:
         args = tuple(self.new[id(a)] if isinstance(a, LNode) else a for a in n.args)
         if n.op == "exp":
@@ -102,6 +114,17 @@ class _Folder:
         if all(x is y for x, y in zip(args, n.args)):
             return n
         return self.node(n.op, args, n.dtype, **n.attrs)
+
+
+def _residual(x) -> tuple:
+    """(y, k) with x = y * k for a constant k that scaling left as a multiply (through negations), else
+    (x, None)."""
+    if isinstance(x, LNode) and x.op == "neg":
+        y, k = _residual(x.args[0])
+        return (y, -k) if k is not None else (x, None)
+    if isinstance(x, LNode) and x.op == "mul" and _const(x.args[1]) is not None and isinstance(x.args[0], LNode):
+        return x.args[0], _const(x.args[1])
+    return x, None
 
 
 def _reductions_under_exp(g: LoopGraph, through_half: bool) -> set[int]:
