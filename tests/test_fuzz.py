@@ -64,6 +64,8 @@ class Spec:
     threshold: float = 0.0            # times 1 / kv_len, for the threshold statistics
     feature: str = "ea"               # linear attention: ea (softmaxes) | sima (L1 normalise over tokens)
     cast_inside: bool = False         # half dtypes: float32 inputs that the program casts to dtype first
+    noise: bool = False               # softmax/sigmoid: scores plus -log(u) for a float32 input u (KeyFormer's)
+    plant: Optional[float] = None     # a value put in u at one place (0, -1, NaN, a subnormal, inf)
     seed: int = 0
 
 
@@ -83,8 +85,8 @@ def _wide(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def probabilities(spec: Spec, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """The (B, H, Sq, Skv) probabilities of a softmax/sigmoid program; q, k in (B, H, S, D)."""
+def probabilities(spec: Spec, q: torch.Tensor, k: torch.Tensor, u: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The (B, H, Sq, Skv) probabilities of a softmax/sigmoid program; q, k in (B, H, S, D); u the noise."""
     s = q @ k.transpose(-1, -2) * spec.scale
     if spec.cap is not None:
         s = torch.tanh(s / spec.cap) * spec.cap
@@ -101,6 +103,8 @@ def probabilities(spec: Spec, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
             s = torch.where(masked, torch.full_like(s, -math.inf), s)
         else:
             s = s + torch.zeros(masked.shape, dtype=s.dtype, device=s.device).masked_fill(masked, -math.inf)
+    if u is not None:
+        s = s.to(_wide(s.dtype)) - torch.log(u)
     if spec.kind == "sigmoid":
         return torch.sigmoid(s)
     return torch.softmax(s.to(_wide(s.dtype)) if spec.float_probs else s, dim=-1)
@@ -123,13 +127,13 @@ def _stat(name: str, p: torch.Tensor, spec: Spec) -> torch.Tensor:
 
 def build(spec: Spec) -> Callable:
     """The drawn program as a plain-PyTorch closure over the spec."""
-    def attention(q, k, v):
+    def attention(q, k, v, *noise):
         if spec.cast_inside and q.dtype == torch.float32:     # (the float64 reference passes them rounded)
             q, k, v = (t.to(spec.dtype) for t in (q, k, v))
         if spec.layout == "bshd":
             q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         k, v = _expand_heads(k, spec), _expand_heads(v, spec)
-        p = probabilities(spec, q, k)
+        p = probabilities(spec, q, k, *noise)
         o = p.to(v.dtype) @ v
         if spec.layout == "bshd":
             o = o.transpose(1, 2)
@@ -157,6 +161,11 @@ def inputs(spec: Spec) -> tuple[torch.Tensor, ...]:
         if spec.layout == "bshd":
             shape = (shape[0], shape[2], shape[1], shape[3])
         out.append(torch.randn(*shape, generator=g).to(DEVICE, torch.float32 if spec.cast_inside else spec.dtype))
+    if spec.noise:
+        u = 0.05 + 2 * torch.rand(spec.batch, spec.heads, spec.q_len, spec.kv_len, generator=g)
+        if spec.plant is not None:
+            u.view(-1)[int(torch.randint(u.numel(), (1,), generator=g))] = spec.plant
+        out.append(u.to(DEVICE))
     return tuple(out)
 
 
@@ -175,6 +184,7 @@ def specs(draw) -> Spec:
     q_len = draw(st.one_of(st.just(kv_len), st.integers(1, kv_len), st.integers(1, 80)))
     mask = draw(st.sampled_from(["none", "causal", "causal", "band", "prefix"]))
     stats = draw(st.lists(st.sampled_from(ROW_STATS + COL_STATS), max_size=2, unique=True))
+    noise = draw(st.sampled_from([False, False, True]))
     return Spec(
         kind, q_len=q_len, layout=draw(st.sampled_from(["bhsd", "bshd"])),
         scale=draw(st.sampled_from([1.0, 0.25, 1 / math.sqrt(common["dim"])])),
@@ -182,7 +192,8 @@ def specs(draw) -> Spec:
         slope=draw(st.one_of(st.none(), st.sampled_from([0.05, -0.5]))),
         mask=mask, width=draw(st.integers(0, 40)), apply=draw(st.sampled_from(["masked_fill", "where", "additive"])),
         float_probs=draw(st.booleans()), stats=tuple(stats), threshold=draw(st.sampled_from([0.5, 1.0, 2.0])),
-        cast_inside=common["dtype"] != torch.float32 and draw(st.booleans()), **common)
+        cast_inside=common["dtype"] != torch.float32 and draw(st.booleans()), noise=noise,
+        plant=draw(st.sampled_from([None, None, 0.0, -1.0, math.nan, 1e-40, math.inf])) if noise else None, **common)
 
 
 def outcome(prog: Program) -> str:
@@ -196,16 +207,17 @@ def outcome(prog: Program) -> str:
 
 
 def exact_args(spec: Spec, args: tuple) -> list[torch.Tensor]:
-    """The inputs in float64 for the exact reference: as the program's own cast rounds them, if it has one."""
-    return [(a.to(spec.dtype) if spec.cast_inside else a).double() for a in args]
+    """The inputs in float64 for the exact reference: q, k, v as the program's own cast rounds them, if it has
+    one (the noise is read as it is)."""
+    return [(a.to(spec.dtype) if spec.cast_inside and i < 3 else a).double() for i, a in enumerate(args)]
 
 
 def _near_threshold(spec: Spec, name: str, args: tuple) -> torch.Tensor:
     """Per output element of a threshold statistic: how many probabilities sit within rounding of it."""
     wide = exact_args(spec, args)
     if spec.layout == "bshd":
-        wide = [t.transpose(1, 2) for t in wide]
-    p = probabilities(spec, wide[0], _expand_heads(wide[1], spec))
+        wide = [t.transpose(1, 2) for t in wide[:3]] + wide[3:]
+    p = probabilities(spec, wide[0], _expand_heads(wide[1], spec), *wide[3:])
     thr = spec.threshold / spec.kv_len
     near = (p - thr).abs() <= NEAR[spec.dtype] * thr
     return near.sum(dim=-1 if name in ROW_STATS else -2)
@@ -324,12 +336,17 @@ FOUND = [
     # by 3e-2 (casts of inputs that round are now rounded everywhere: ir.loops.rounds_input)
     Spec("softmax", batch=1, heads=2, kv_heads=1, q_len=20, kv_len=20, dim=32, dtype=torch.bfloat16,
          stats=("colsq",), threshold=0.5, cast_inside=True),
+    # scores minus the log of a noise input, 17 keys in a tile of 32: the padded lanes' noise loads as 0, its
+    # log is -inf, the padded probabilities inf, and inf times the zeroed padding of v in the dot was NaN in
+    # every output (codegen/emit.py now zeroes both dot operands past the loop's extent)
+    Spec("softmax", batch=1, heads=1, kv_heads=1, q_len=2, kv_len=17, dim=16, dtype=torch.float32, noise=True),
 ]
 
 
 FOUND_IDS = ["colmax_fully_masked_rows", "fp16_large_scores", "bf16_linear", "single_query_softmax_colsum",
              "single_query_sigmoid_colsum", "one_key_shared_output_node", "one_element_bf16", "band_of_one_key",
-             "ill_conditioned_entropy", "bf16_two_truncations", "bf16_casts_of_inputs_rounded_everywhere"]
+             "ill_conditioned_entropy", "bf16_two_truncations", "bf16_casts_of_inputs_rounded_everywhere",
+             "noise_log_in_padded_lanes"]
 
 
 @pytest.mark.parametrize("spec", FOUND, ids=FOUND_IDS)

@@ -1147,8 +1147,10 @@ def _loop_body(em: _Emitter, ctx: _Body, accs: list[Accum], running: dict) -> No
             continue
         if a.node in s.dots:
             fa, fb, k = s.dots[a.node]
+            # past the loop's extent both operands are zeroed: a padded lane of either may be inf (the log of
+            # a noise load's padding 0), and inf times the other's 0 is NaN
             opa = em.operand(fa, a.node, True, ctx, ctx.lines, mask_loop=pred)
-            opb = em.operand(fb, a.node, False, ctx, ctx.lines)
+            opb = em.operand(fb, a.node, False, ctx, ctx.lines, mask_loop=pred)
             ctx.lines.append(f"{acc} = tl.dot({opa}, {opb}, {acc}{alpha}{em.dot_prec(fa + fb)})")
             continue
         xt = [v for v in s.order if any(isinstance(f, LNode) and v in f.vars for f, _ in a.kept)]
