@@ -206,10 +206,14 @@ def outcome(prog: Program) -> str:
     return "partial" if prog.notes else "fused"
 
 
+def as_read(spec: Spec, args: tuple) -> list[torch.Tensor]:
+    """The inputs as the program reads them: q, k, v through its own cast, if it has one (the noise as it is)."""
+    return [a.to(spec.dtype) if spec.cast_inside and i < 3 else a for i, a in enumerate(args)]
+
+
 def exact_args(spec: Spec, args: tuple) -> list[torch.Tensor]:
-    """The inputs in float64 for the exact reference: q, k, v as the program's own cast rounds them, if it has
-    one (the noise is read as it is)."""
-    return [(a.to(spec.dtype) if spec.cast_inside and i < 3 else a).double() for i, a in enumerate(args)]
+    """The inputs in float64 for the exact reference, as the program reads them."""
+    return [a.double() for a in as_read(spec, args)]
 
 
 def _near_threshold(spec: Spec, name: str, args: tuple) -> torch.Tensor:
@@ -222,7 +226,7 @@ def _near_threshold(spec: Spec, name: str, args: tuple) -> torch.Tensor:
         return probabilities(spec, xs[0], _expand_heads(xs[1], spec), *xs[3:]).double()
 
     p = probs(exact_args(spec, args))
-    own = probs([a.to(spec.dtype) if spec.cast_inside and i < 3 else a for i, a in enumerate(args)])
+    own = probs(as_read(spec, args))
     thr = spec.threshold / spec.kv_len
     near = ((p - thr).abs() <= NEAR[spec.dtype] * thr) | ((p > thr) != (own > thr))
     return near.sum(dim=-1 if name in ROW_STATS else -2)
