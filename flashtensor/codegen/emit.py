@@ -242,7 +242,7 @@ class _Emitter:
         if self.check_whole:
             lines = [f"chkt{i} += {x} * 0{CHECK_MARK}"]
             if dom:
-                m = _DOMAIN_MIN[dom][0].format(x)
+                m = _measure(x, dom)
                 m = f"tl.where({mask}, {m}, float(\"inf\"))" if mask else m
                 lines.append(f"chkm{i} = _min_nan(chkm{i}, {m}){CHECK_MARK}")
             return lines
@@ -780,7 +780,7 @@ def emit_kernel(s: Schedule, name: str, inputs: list, outputs: dict, block_row: 
     host sync, no pass over the inputs before the kernels, no programs of its own in the tail.
     `folded` (see folded_normalisers): the kernel stores those whose statistics it reduces and loads
     those whose statistics it reads. Inputs in `ftz` are checked for the domain "positive" in this plan, which
-    also rejects subnormals (see _IN_DOMAIN): with MODE=0 the logs of them flush subnormals, one instruction
+    also rejects subnormals (see _DOMAIN_MIN): with MODE=0 the logs of them flush subnormals, one instruction
     in place of four. The check tests an input in `narrowed` (analysis.facts.narrowed_inputs) as its cast to
     the type given there, so a value that cast makes 0 or inf goes to the fixup pass too."""
     em = _Emitter(s, inputs, block_row, block_loop, faithful, nan_free)
@@ -969,14 +969,20 @@ def _placement(em: _Emitter, ntiles: int, grid1: int) -> list[str]:
     return out
 
 
-# "positive" asks for a normal number: subnormals go to the fixup pass too, so the first pass's logs may
-# flush them (see emit_kernel)
-_IN_DOMAIN = {"positive": "({} >= 1.1754943508222875e-38)", "nonneg": "({} >= 0)", "nonzero": "({} != 0)"}
-
-
-# each domain as a lower bound on a measure of x, which a running minimum of the measure tests at once
+# each domain as a lower bound on a measure of x: the check of a value tests it, and that of a whole tile
+# keeps a running minimum of the measure and tests that once. "positive" asks for a normal number:
+# subnormals go to the fixup pass too, so the first pass's logs may flush them (see emit_kernel)
 _DOMAIN_MIN = {"positive": ("{}", "1.1754943508222875e-38"), "nonneg": ("{}", "0.0"),
                "nonzero": ("tl.abs({})", "1.401298464324817e-45")}
+
+
+def _measure(x: str, dom: str) -> str:
+    return _DOMAIN_MIN[dom][0].format(x)
+
+
+def _meets(m: str, dom: str) -> str:
+    """Whether m, a value of the domain's measure, reaches its bound (False for NaN)."""
+    return f"({m} >= {_DOMAIN_MIN[dom][1]})"
 
 
 def _check_term(x: str, dom: Optional[str], mask: Optional[str] = None) -> str:
@@ -984,13 +990,13 @@ def _check_term(x: str, dom: Optional[str], mask: Optional[str] = None) -> str:
     leaves out count as inside)."""
     if not dom:
         return f"{x} * 0"
-    cond = _IN_DOMAIN[dom].format(x) + (f" | ~({mask})" if mask else "")
+    cond = _meets(_measure(x, dom), dom) + (f" | ~({mask})" if mask else "")
     return f"tl.where({cond}, {x} * 0, float(\"nan\"))"
 
 
 def _in_domain(least: str, dom: str) -> str:
-    """0 where `least`, a running minimum of the domain's measure (see _DOMAIN_MIN), meets its bound, else NaN."""
-    return f"tl.where({least} >= {_DOMAIN_MIN[dom][1]}, 0.0, float(\"nan\"))"
+    """0 where `least`, a running minimum of the domain's measure, meets its bound, else NaN."""
+    return f"tl.where({_meets(least, dom)}, 0.0, float(\"nan\"))"
 
 
 def tile_checks(s: Schedule, inputs: list) -> dict[int, LNode]:
