@@ -1,8 +1,12 @@
 """Benchmark flashtensor against its peers on one GPU in one run, checking every result against eager first.
 
     python -m benchmarks.bench [WORKLOADS...] [--shape paper|small] [--dtype fp16] \
-        [--peers eager,compile,max-autotune,flex,sdpa] [--json bench.json] [--plot bench.png] [--rep 200] [--no-ft]
+        [--peers eager,compile,max-autotune,flex,sdpa] [--json bench.json] [--plot bench.png] [--rep 200] \
+        [--rounds 3] [--no-ft]
 
+Each workload's systems are built and checked first, then timed in interleaved rounds, and with `sdpa` among
+the peers SDPA on attn's inputs is timed in the same rounds as every attention workload: the device's clocks
+drift over a run, so a ratio compares times taken side by side, not minutes apart.
 A system that raises (out of memory, unsupported program) is recorded with its error and the run goes on.
 Without a GPU only `--check-only` runs: the correctness checks under the Triton interpreter.
 """
@@ -16,6 +20,7 @@ import inspect
 import json
 import math
 import os
+import statistics
 import sys
 from typing import Any, Callable
 
@@ -33,6 +38,7 @@ DEFAULT_PEERS = "eager,compile,flex,sdpa"  # max-autotune compiles for minutes p
 CUDA_ONLY = ("flex", "sdpa")
 FLEX = ("attn", "gemma2")  # the programs FlexAttention can express
 SDPA = ("attn",)
+YARDSTICK = "sdpa-attn"  # SDPA on attn's inputs, timed beside another workload (see run_workload)
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 BOOL_TOL = 1e-3  # booleans may flip where eager's value sits within rounding of the threshold (DESIGN 6)
 
@@ -118,21 +124,44 @@ def _free() -> None:
         torch.cuda.empty_cache()
 
 
-def measure(system: str, name: str, fn: Callable, args: tuple, ref: Any, rep: int | None) -> dict:
-    """Run once and check against eager, then time (median ms) unless rep is None; errors are recorded."""
-    rec: dict[str, Any] = {"ms": None, "rel_err": None, "bool_mismatch": None, "ok": None, "error": None}
+def _error(e: Exception) -> str:
+    msg = str(e).strip()
+    return f"{type(e).__name__}: {msg.splitlines()[0] if msg else ''}"[:500]
+
+
+def prepare(system: str, name: str, fn: Callable, args: tuple, ref: Any) -> tuple[dict, Callable | None]:
+    """Build `system`'s callable for `name` and check one run against eager; the callable is None where
+    either raised (the error is recorded: an OOM or unsupported program is a result, not a crash)."""
+    rec: dict[str, Any] = {"ms": None, "ms_rounds": [], "rel_err": None, "bool_mismatch": None, "ok": None,
+                           "error": None}
     try:
-        torch._dynamo.reset()  # each step compiles from scratch, independent of the steps before it
         f = build(system, name, fn, args)
         rec.update(compare(f(*args), ref, first_only=system in CUDA_ONLY))
-        if rep is not None:
-            import triton.testing
-            rec["ms"] = triton.testing.do_bench(lambda: f(*args), warmup=25, rep=rep, return_mode="median")
-    except Exception as e:  # noqa: BLE001 - an OOM or unsupported program is a result, not a crash
-        msg = str(e).strip()
-        rec["error"] = f"{type(e).__name__}: {msg.splitlines()[0] if msg else ''}"[:500]
-    _free()
-    return rec
+        return rec, f
+    except Exception as e:  # noqa: BLE001
+        rec["error"] = _error(e)
+        return rec, None
+
+
+def time_rounds(runs: dict, recs: dict, rep: int, rounds: int) -> None:
+    """Time each callable of `runs` (key: (callable, args)) once per round, round r starting at the r-th key,
+    so that none always runs first or always after the same one; its record's ms is the median of its
+    rounds' do_bench medians (warmup 25 ms, `rep` ms each)."""
+    import triton.testing
+    keys = list(runs)
+    for r in range(rounds):
+        for k in keys[r % len(keys):] + keys[:r % len(keys)]:
+            f, args = runs[k]
+            if recs[k]["error"]:
+                continue
+            try:
+                recs[k]["ms_rounds"].append(
+                    triton.testing.do_bench(lambda: f(*args), warmup=25, rep=rep, return_mode="median"))
+            except Exception as e:  # noqa: BLE001
+                recs[k]["error"] = _error(e)
+    for k in keys:
+        if not recs[k]["error"]:
+            recs[k]["ms"] = statistics.median(recs[k]["ms_rounds"])
 
 
 def ceilings() -> dict:
@@ -182,29 +211,52 @@ class Progress:
             text = rec["error"]
         else:
             checks = [f"rel err {e:.1e}" for e in rec["rel_err"]] + [f"bool mismatch {m:.1e}" for m in rec["bool_mismatch"]]
-            text = ", ".join(([f"{rec['ms']:.3f} ms"] if rec["ms"] is not None else []) + checks)
-            text += "" if rec["ok"] else " FAILED"
+            text = ", ".join(checks) + ("" if rec["ok"] else " FAILED")
         self._print("    " + text)
         if self.bar is not None:
             self.bar.update(1)
+
+    def timed(self, name: str, recs: dict) -> None:
+        for s, rec in recs.items():
+            if rec["ms"] is not None:
+                rounds = " / ".join(f"{x:.3f}" for x in rec["ms_rounds"])
+                self._print(f"    {name} / {LABELS[s]}: {rec['ms']:.3f} ms (rounds {rounds})")
+            elif rec["error"] and rec["ms_rounds"]:
+                self._print(f"    {name} / {LABELS[s]}: {rec['error']}")
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
 
 
-def run_workload(name: str, systems: list[str], make_kw: dict, rep: int | None, progress: Progress) -> dict:
-    """Every applicable system on one workload; eager's output computed once as the reference."""
+def run_workload(name: str, systems: list[str], make_kw: dict, rep: int | None, rounds: int,
+                 progress: Progress, yardstick: bool) -> dict:
+    """Every applicable system on one workload, against eager's output computed once; timed (unless rep is
+    None) in `rounds` interleaved rounds, with SDPA on attn's inputs beside them (key "sdpa-attn") where
+    `yardstick` asks for it and the workload is not attn itself."""
     from flashtensor import workloads
     fn, args = workloads.make(name, **make_kw)
     ref = fn(*args)
-    out = {}
+    torch._dynamo.reset()  # this workload's compiles start from scratch, independent of the ones before
+    out, runs = {}, {}
     for s in systems:
         if applies(s, name):
             progress.start(name, s)
-            out[s] = measure(s, name, fn, args, ref, rep)
+            out[s], f = prepare(s, name, fn, args, ref)
             progress.finish(out[s])
-    del fn, args, ref
+            if f is not None:
+                runs[s] = (f, args)
+    if yardstick and rep is not None and name != "attn" and name not in to_markdown.LINEAR:
+        attn, attn_args = workloads.make("attn", **make_kw)
+        progress.start(name, YARDSTICK)
+        out[YARDSTICK], f = prepare("sdpa", "attn", attn, attn_args, attn(*attn_args))
+        progress.finish(out[YARDSTICK])
+        if f is not None:
+            runs[YARDSTICK] = (f, attn_args)
+    if rep is not None and runs:
+        time_rounds(runs, out, rep, rounds)
+        progress.timed(name, out)
+    del fn, args, ref, runs
     _free()
     return out
 
@@ -241,6 +293,11 @@ def plot(results: dict, path: str) -> bool:
     return True
 
 
+def _write(results: dict, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__.splitlines()[0])
     p.add_argument("workloads", nargs="*", help="default: all of flashtensor.workloads.NAMES")
@@ -249,6 +306,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--peers", default=DEFAULT_PEERS, help=f"comma-separated, from {','.join(PEERS)}")
     p.add_argument("--no-ft", action="store_true", help="leave flashtensor out")
     p.add_argument("--rep", type=int, default=200, help="do_bench rep, in ms")
+    p.add_argument("--rounds", type=int, default=3, choices=range(1, 100), metavar="N",
+                   help="time each system N times, interleaved; report the median (default %(default)s)")
     p.add_argument("--json", default="bench.json", help="write every measurement here ('' for none; default %(default)s)")
     p.add_argument("--plot", default="bench.png",
                    help="write a PNG bar chart of speedups over eager here ('' for none; default %(default)s; needs matplotlib)")
@@ -287,28 +346,28 @@ def main(argv: list[str] | None = None) -> int:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name() if cuda else "cpu (Triton interpreter)",
         "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
-        "shape": args.shape, "dims": dims, "dtype": args.dtype, "rep_ms": args.rep, "timed": rep is not None,
-        "ceilings": None, "systems": systems, "sdpa_attn_ms": None, "workloads": {},
+        "shape": args.shape, "dims": dims, "dtype": args.dtype, "rep_ms": args.rep, "rounds": args.rounds,
+        "timed": rep is not None,
+        "ceilings": None, "systems": systems, "workloads": {},
     }
     if rep is not None:
         results["ceilings"] = c = ceilings()
         print(f"ceilings: fp16 matmul {c['matmul_tflops']:.0f} TFLOP/s, device copy {c['copy_tbps']:.2f} TB/s",
               flush=True)
 
-    # SDPA on attn is every attention workload's yardstick: measure it even when attn itself is not asked for.
-    yardstick = "sdpa" in peers and "attn" not in names and any(n not in to_markdown.LINEAR for n in names)
-    progress = Progress(yardstick + sum(applies(s, n) for n in names for s in systems))
-    if yardstick:
-        results["sdpa_attn_ms"] = run_workload("attn", ["sdpa"], make_kw, rep, progress)["sdpa"]["ms"]
+    # SDPA on attn is every attention workload's yardstick, timed in each one's rounds (run_workload)
+    yardstick = "sdpa" in peers and rep is not None
+    extra = sum(yardstick and n != "attn" and n not in to_markdown.LINEAR for n in names)
+    progress = Progress(extra + sum(applies(s, n) for n in names for s in systems))
     for n in names:
-        results["workloads"][n] = run_workload(n, systems, make_kw, rep, progress)
+        results["workloads"][n] = run_workload(n, systems, make_kw, rep, args.rounds, progress, yardstick)
+        if args.json:  # after every workload, so that an interrupted run keeps what it measured
+            _write(results, args.json)
     progress.close()
 
     print()
     print(to_markdown.markdown(results), flush=True)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
         print(f"bench: results in {args.json}")
     if args.plot:
         if rep is None:

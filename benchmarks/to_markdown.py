@@ -5,7 +5,7 @@ import json
 import sys
 
 LABELS = {"eager": "eager", "compile": "torch.compile", "max-autotune": "max-autotune",
-          "flex": "FlexAttention", "sdpa": "SDPA", "flashtensor": "flashtensor"}
+          "flex": "FlexAttention", "sdpa": "SDPA", "flashtensor": "flashtensor", "sdpa-attn": "SDPA on attn"}
 LINEAR = ("ea", "sima")  # linear attention: SDPA's attn time is no yardstick for these (DESIGN 4)
 FAIL = "✗"
 
@@ -25,9 +25,10 @@ def speedup(results: dict, name: str, system: str) -> float | None:
     return _ratio(ms(results, name, "eager"), ms(results, name, system))
 
 
-def sdpa_attn_ms(results: dict) -> float | None:
-    """SDPA on attn: the common yardstick for every attention-family workload."""
-    return ms(results, "attn", "sdpa") or results.get("sdpa_attn_ms")
+def yardstick_ms(results: dict, name: str) -> float | None:
+    """SDPA on attn, every attention-family workload's yardstick: the time taken in `name`'s own rounds
+    where the run has one (bench.py's "sdpa-attn"), else attn's SDPA time or an older run's single one."""
+    return ms(results, name, "sdpa-attn") or ms(results, "attn", "sdpa") or results.get("sdpa_attn_ms")
 
 
 def _fmt_ms(x: float) -> str:
@@ -67,23 +68,29 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 def _time_table(results: dict) -> list[str]:
     systems = results["systems"]
     ft = "flashtensor" in systems
-    yard = sdpa_attn_ms(results)
+    side = any("sdpa-attn" in recs for recs in results["workloads"].values())
+    yard = {n: None if n in LINEAR else yardstick_ms(results, n) for n in results["workloads"]}
     ratios = []
     if ft and "eager" in systems:
         ratios.append(("ft vs eager", lambda n: _fmt_x(speedup(results, n, "flashtensor"))))
     if ft and "compile" in systems:
         ratios.append(("ft vs torch.compile",
                        lambda n: _fmt_x(_ratio(ms(results, n, "compile"), ms(results, n, "flashtensor")))))
-    if ft and yard:
-        ratios.append(("ft / SDPA-attn",
-                       lambda n: "-" if n in LINEAR else _fmt_r(_ratio(ms(results, n, "flashtensor"), yard))))
+    if ft and side:
+        ratios.append(("SDPA-attn", lambda n: "-" if yard[n] is None else _fmt_ms(yard[n])))
+    if ft and any(yard.values()):
+        ratios.append(("ft / SDPA-attn", lambda n: _fmt_r(_ratio(ms(results, n, "flashtensor"), yard[n]))))
     rows = [[n] + [_time_cell(recs.get(s)) for s in systems] + [f(n) for _, f in ratios]
             for n, recs in results["workloads"].items()]
     lines = _table(["workload"] + [LABELS[s] for s in systems] + [h for h, _ in ratios], rows)
-    lines += ["", f"{FAIL}: failed the correctness check below. "
-              "ft vs X: X's time over flashtensor's; ft / SDPA-attn: flashtensor's time over SDPA's on attn"
-              + (f" ({_fmt_ms(yard)} ms)." if yard else ".")]
-    return lines
+    note = f"{FAIL}: failed the correctness check below. ft vs X: X's time over flashtensor's; "
+    if side:
+        note += ("ft / SDPA-attn: flashtensor's time over SDPA's on attn's inputs of the same shape, timed in "
+                 "the same rounds as the workload (SDPA-attn; for attn, its SDPA column).")
+    else:
+        single = next((y for y in yard.values() if y), None)
+        note += "ft / SDPA-attn: flashtensor's time over SDPA's on attn" + (f" ({_fmt_ms(single)} ms)." if single else ".")
+    return lines + ["", note]
 
 
 def markdown(results: dict) -> str:
@@ -98,7 +105,9 @@ def markdown(results: dict) -> str:
         lines.append(f"Ceilings: fp16 matmul {c['matmul_tflops']:.0f} TFLOP/s, device copy {c['copy_tbps']:.2f} TB/s.")
     lines.append("")
     if results["timed"]:
-        lines += [f"Median ms of triton do_bench (warmup 25 ms, rep {results['rep_ms']} ms):", ""]
+        rounds = results.get("rounds", 1)
+        lines += [f"Median ms of triton do_bench (warmup 25 ms, rep {results['rep_ms']} ms)"
+                  + (f"; each the median of {rounds} rounds that time every system in turn:" if rounds > 1 else ":"), ""]
         lines += _time_table(results) + [""]
     systems = results["systems"]
     rows = [[n] + [_check_cell(recs.get(s)) for s in systems] for n, recs in results["workloads"].items()]

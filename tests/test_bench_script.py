@@ -23,7 +23,7 @@ def synthetic() -> dict:
         "date": "2030-01-02T03:04:05+00:00", "device": "NVIDIA H200", "torch": "2.11.0", "triton": "3.6.0",
         "cuda": "13.0", "shape": "paper", "dims": {"S": 4096, "H": 32}, "dtype": "fp16", "rep_ms": 200,
         "timed": True, "ceilings": {"matmul_tflops": 671.3, "copy_tbps": 4.213},
-        "systems": ["eager", "compile", "sdpa", "flashtensor"], "sdpa_attn_ms": None,
+        "systems": ["eager", "compile", "sdpa", "flashtensor"],
         "workloads": {
             "attn": {"eager": _rec(6.4), "compile": _rec(1.6), "sdpa": _rec(0.25), "flashtensor": _rec(0.32)},
             "h2o": {"eager": _rec(7.2), "compile": _rec(2.4), "flashtensor": _rec(0.5, err=3e-2, ok=False)},
@@ -46,6 +46,46 @@ def test_markdown_has_numbers_and_ratios():
     assert ea == "| ea | 0.550 | 0.440 | - | error | - | - | - |"
     assert "| h2o | 1.0e-04 | 1.0e-04 | - | 3.0e-02 ✗ |" in md
     assert "- ea / flashtensor: OutOfMemoryError: CUDA out of memory" in md
+
+
+def test_markdown_takes_each_workloads_own_yardstick():
+    """A run that timed SDPA on attn beside a workload divides by that time, and shows it."""
+    res = synthetic()
+    res["rounds"] = 3
+    res["workloads"]["h2o"]["sdpa-attn"] = _rec(0.2)
+    md = to_markdown.markdown(res)
+    assert "each the median of 3 rounds" in md
+    lines = md.splitlines()
+    assert "| attn | 6.40 | 1.60 | 0.250 | 0.320 | 20.00x | 5.00x | 0.250 | 1.28 |" in lines
+    assert "| h2o | 7.20 | 2.40 | - | 0.500 ✗ | 14.40x | 4.80x | 0.200 | 2.50 |" in lines
+    assert "| ea | 0.550 | 0.440 | - | error | - | - | - | - |" in lines
+
+
+def test_rounds_interleave_and_take_the_median(monkeypatch):
+    """time_rounds: round r starts at the r-th system, every system once per round, the median kept; a system
+    whose timing raises keeps its error and no time."""
+    import triton.testing
+    order, clock = [], iter([5.0, 1.0, 9.0, 2.0, 3.0, 4.0, 8.0, 7.0, 6.0])
+
+    def fake(fn, **kw):
+        fn()
+        return next(clock)
+
+    monkeypatch.setattr(triton.testing, "do_bench", fake)
+
+    def boom():
+        raise RuntimeError("out of memory")
+
+    runs = {s: (lambda s=s: order.append(s), ()) for s in "abc"}
+    recs = {s: {"ms": None, "ms_rounds": [], "error": None} for s in "abcd"}
+    runs["d"] = (boom, ())
+    bench.time_rounds(runs, recs, rep=10, rounds=3)
+    assert order == list("abc" "bca" "cab")
+    # d raises in round 0 (taking no time) and is skipped after: round 1 runs b c a, round 2 c a b
+    assert recs["a"]["ms_rounds"] == [5.0, 4.0, 7.0] and recs["a"]["ms"] == 5.0
+    assert recs["b"]["ms_rounds"] == [1.0, 2.0, 6.0] and recs["b"]["ms"] == 2.0
+    assert recs["c"]["ms_rounds"] == [9.0, 3.0, 8.0] and recs["c"]["ms"] == 8.0
+    assert recs["d"]["ms"] is None and "out of memory" in recs["d"]["error"]
 
 
 def test_plot_or_skip(tmp_path):
