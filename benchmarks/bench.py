@@ -217,12 +217,11 @@ class Progress:
             self.bar.update(1)
 
     def timed(self, name: str, recs: dict) -> None:
+        """One line per timed system: its median and rounds, or the error its timing raised."""
         for s, rec in recs.items():
-            if rec["ms"] is not None:
-                rounds = " / ".join(f"{x:.3f}" for x in rec["ms_rounds"])
-                self._print(f"    {name} / {LABELS[s]}: {rec['ms']:.3f} ms (rounds {rounds})")
-            elif rec["error"] and rec["ms_rounds"]:
-                self._print(f"    {name} / {LABELS[s]}: {rec['error']}")
+            rounds = " / ".join(f"{x:.3f}" for x in rec["ms_rounds"])
+            text = f"{rec['ms']:.3f} ms (rounds {rounds})" if rec["ms"] is not None else rec["error"]
+            self._print(f"    {name} / {LABELS[s]}: {text}")
 
     def close(self) -> None:
         if self.bar is not None:
@@ -255,7 +254,7 @@ def run_workload(name: str, systems: list[str], make_kw: dict, rep: int | None, 
             runs[YARDSTICK] = (f, attn_args)
     if rep is not None and runs:
         time_rounds(runs, out, rep, rounds)
-        progress.timed(name, out)
+        progress.timed(name, {s: out[s] for s in runs})
     del fn, args, ref, runs
     _free()
     return out
