@@ -1,6 +1,7 @@
-"""benchmarks/: the BENCHMARKS.md renderer on made-up numbers, and the CPU check-only path end to end."""
+"""flashtensor.bench: the BENCHMARKS.md renderer on made-up numbers, and the CPU check-only path end to end."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -8,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # benchmarks/ is not part of the installed package
+import flashtensor
+from flashtensor.bench import bench, to_markdown
 
-from benchmarks import bench, to_markdown  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _rec(ms, err=1e-4, ok=True, error=None):
@@ -101,7 +102,7 @@ def test_refuses_timing_on_cpu():
 
 def test_check_only_one_workload(tmp_path):
     out = tmp_path / "r.json"
-    cmd = [sys.executable, "-m", "benchmarks.bench", "attn", "--check-only", "--shape", "small",
+    cmd = [sys.executable, "-m", "flashtensor.bench.bench", "attn", "--check-only", "--shape", "small",
            "--dtype", "fp32", "--peers", "eager", "--json", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, TRITON_INTERPRET="1"),
                           capture_output=True, text=True, timeout=600)
@@ -116,15 +117,14 @@ def test_check_only_one_workload(tmp_path):
 
 
 def test_ab_checks_each_tree_in_its_own_process(tmp_path):
-    """benchmarks/ab.py on the CPU: each tree's own package is imported in its child process (a copy of
-    flashtensor whose compile is broken must fail its row, and only its row); a directory without the
-    package is refused."""
-    import shutil
+    """flashtensor/bench/ab.py on the CPU: each tree's own package is imported in its child process (a copy of
+    flashtensor whose compile is broken must fail its row, and only its row, also without a harness of its own:
+    the child runs the A/B's); a directory without the package is refused."""
     broken = tmp_path / "broken"
-    shutil.copytree(ROOT / "flashtensor", broken / "flashtensor")
+    shutil.copytree(ROOT / "flashtensor", broken / "flashtensor", ignore=shutil.ignore_patterns("bench"))
     pipeline = broken / "flashtensor" / "pipeline.py"
     pipeline.write_text(pipeline.read_text() + "\n\ndef build(*a, **k):\n    raise RuntimeError('broken on purpose')\n")
-    cmd = [sys.executable, "-m", "benchmarks.ab", "attn", "--trees", f"here={ROOT},broken={broken}",
+    cmd = [sys.executable, "-m", "flashtensor.bench.ab", "attn", "--trees", f"here={ROOT},broken={broken}",
            "--check-only", "--shape", "small"]
     proc = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, TRITON_INTERPRET="1"),
                           capture_output=True, text=True, timeout=600)
@@ -132,6 +132,25 @@ def test_ab_checks_each_tree_in_its_own_process(tmp_path):
     rows = [ln for ln in proc.stdout.splitlines() if ln.startswith("| attn |")]
     assert len(rows) == 2 and rows[0].startswith("| attn | here | ok (") and "ft_kernel0" in rows[0], rows
     assert rows[1].startswith("| attn | broken | crashed") and "broken on purpose" in rows[1], rows
-    refused = subprocess.run([sys.executable, "-m", "benchmarks.ab", "attn", "--trees", f"x={tmp_path}", "--check-only"],
-                             cwd=ROOT, capture_output=True, text=True, timeout=60)
+    refused = subprocess.run([sys.executable, "-m", "flashtensor.bench.ab", "attn", "--trees", f"x={tmp_path}",
+                              "--check-only"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "holding flashtensor/" in refused.stderr
+
+
+def test_bench_runs_from_the_package_alone(tmp_path):
+    """`python -m flashtensor bench` needs only the installed package: a copy of flashtensor/ alone on
+    PYTHONPATH, run from another folder, no repository root on sys.path. The harness must come from the copy:
+    an editable install's finder would otherwise supply a missing flashtensor.bench from its own checkout."""
+    site, elsewhere = tmp_path / "site", tmp_path / "elsewhere"
+    shutil.copytree(Path(flashtensor.__file__).parent, site / "flashtensor",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    elsewhere.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(site), TRITON_INTERPRET="1")
+    where = subprocess.run([sys.executable, "-c", "import flashtensor.bench.bench as b; print(b.__file__)"],
+                           cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120)
+    assert where.returncode == 0, where.stderr
+    assert Path(where.stdout.strip()) == site / "flashtensor" / "bench" / "bench.py"
+    proc = subprocess.run([sys.executable, "-m", "flashtensor", "bench", "--help"], cwd=elsewhere, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "--check-only" in proc.stdout and "python -m flashtensor.bench.bench" in proc.stdout

@@ -322,8 +322,7 @@ def test_cli_bench_help_is_the_benchmarks_help(capsys):
 
 
 def test_bench_plot_without_matplotlib_says_so(tmp_path, monkeypatch, capsys):
-    sys.path.insert(0, str(ROOT))
-    from benchmarks import bench
+    from flashtensor.bench import bench
     from test_bench_script import synthetic
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if not installed
     assert bench.plot(synthetic(), str(tmp_path / "p.png")) is False

@@ -9,7 +9,6 @@ loaded without it, `main` restarts the process once with it set.
 from __future__ import annotations
 
 import argparse
-import importlib
 import importlib.util
 import os
 import sys
@@ -22,8 +21,6 @@ import torch
 import flashtensor as ft
 from flashtensor import workloads
 from flashtensor.testing import as_tuple, compare
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _describe(x: Any) -> str:
@@ -99,17 +96,8 @@ def cmd_explain(args: argparse.Namespace, device: str) -> int:
 
 
 def cmd_bench(args: argparse.Namespace, device: str) -> int:
-    """Thin: the benchmark harness lives in the repository's benchmarks/ folder, not in the package."""
-    if (REPO_ROOT / "benchmarks").is_dir() and str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-    try:
-        bench = importlib.import_module("benchmarks.bench")
-    except ModuleNotFoundError as e:
-        if e.name not in ("benchmarks", "benchmarks.bench"):
-            raise
-        print("flashtensor bench needs benchmarks/bench.py from a source checkout of FlashTensor; "
-              "run it from the repository root.", file=sys.stderr)
-        return 2
+    """Thin: the harness is flashtensor.bench.bench, imported here so that the other commands do without it."""
+    from flashtensor.bench import bench
     return int(bench.main(args.args) or 0)
 
 
@@ -132,9 +120,11 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("target", metavar="TARGET")
     e.set_defaults(run=cmd_explain)
 
-    # no -h of its own: `bench --help` shows benchmarks/bench.py's options, where they are defined
-    b = sub.add_parser("bench", add_help=False, help="benchmark workloads against eager and peers (benchmarks/bench.py)")
-    b.add_argument("args", nargs=argparse.REMAINDER, metavar="WORKLOADS", help="workload names and options, passed to benchmarks/bench.py")
+    # no -h of its own: `bench --help` shows flashtensor/bench/bench.py's options, where they are defined
+    b = sub.add_parser("bench", add_help=False,
+                       help="benchmark workloads against eager and peers (flashtensor/bench/bench.py)")
+    b.add_argument("args", nargs=argparse.REMAINDER, metavar="WORKLOADS",
+                   help="workload names and options, passed to flashtensor/bench/bench.py")
     b.set_defaults(run=cmd_bench)
     return p
 

@@ -1,6 +1,6 @@
 """Benchmark flashtensor against its peers on one GPU in one run, checking every result against eager first.
 
-    python -m benchmarks.bench [WORKLOADS...] [--shape paper|small] [--dtype fp16] \
+    python -m flashtensor.bench.bench [WORKLOADS...] [--shape paper|small] [--dtype fp16] \
         [--peers eager,compile,max-autotune,flex,sdpa] [--json bench.json] [--plot bench.png] [--rep 200] \
         [--rounds 3] [--no-ft]
 
@@ -298,7 +298,7 @@ def _write(results: dict, path: str) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m flashtensor.bench.bench", description=__doc__.splitlines()[0])
     p.add_argument("workloads", nargs="*", help="default: all of flashtensor.workloads.NAMES")
     p.add_argument("--shape", choices=["paper", "small"], default="paper")
     p.add_argument("--dtype", choices=list(DTYPES), default="fp16", help="attention family; ea/sima are always fp32")

@@ -1,7 +1,7 @@
 """h2o at growing sequence length on one GPU: time and peak memory of flashtensor, eager and torch.compile,
 and at long lengths a check of flashtensor against a chunked float32 reference on sampled rows and columns.
 
-    python -m benchmarks.long_seq [--lengths 1024,2048,...] [--json out.json] [--plot out.png]
+    python -m flashtensor.bench.long_seq [--lengths 1024,2048,...] [--json out.json] [--plot out.png]
 
 Peak memory is torch's max_memory_allocated during one call, reported next to the bytes of the
 inputs plus outputs. A system that runs out of memory is recorded as OOM and not tried at longer lengths.

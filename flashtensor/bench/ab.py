@@ -1,14 +1,16 @@
 """A/B of compiler versions in one command, each version in its own process:
 
-    python -m benchmarks.ab h2o keyformer --trees main=scratch/main,new=.
+    python -m flashtensor.bench.ab h2o keyformer --trees main=scratch/main,new=.
 
 A tree is a directory holding a `flashtensor` package: `.`, or a `git archive <ref> flashtensor` copy
 (the device machine gets untracked files, not the git history). For each workload, each tree in the
-order given gets a child process with the tree first on PYTHONPATH: it compiles the workload without the
-plan cache, checks every output against eager, times the call twice and each kernel alone (triton's
-do_bench, medians), and the parent prints one table. Machines of one device session differ by a few
-percent, so compare versions within one command. On a CPU, --check-only --shape small runs the checks
-under Triton's interpreter.
+order given gets a child process that runs this file as a script with the tree alone on PYTHONPATH: the
+compiler it imports is the tree's and the harness is this one, so every tree is measured by the same code
+and a tree needs no harness of its own (those from before flashtensor/bench have none). The child compiles
+the workload without the plan cache, checks every output against eager, times the call twice and each
+kernel alone (triton's do_bench, medians), and the parent prints one table. Machines of one device session
+differ by a few percent, so compare versions within one command. On a CPU, --check-only --shape small runs
+the checks under Triton's interpreter.
 """
 from __future__ import annotations
 
@@ -19,8 +21,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def worker(name: str, shape: str, rep: int | None) -> dict:
@@ -65,7 +65,7 @@ def _row(name: str, label: str, rec: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.ab", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m flashtensor.bench.ab", description=__doc__.splitlines()[0])
     p.add_argument("workloads", nargs="+")
     p.add_argument("--trees", default="this=.", help="label=directory,... (default %(default)s)")
     p.add_argument("--shape", choices=["paper", "small"], default="paper")
@@ -86,9 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     for name in args.workloads:
         for label, tree in trees:
-            env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(tree).resolve()), str(ROOT)]))
-            cmd = [sys.executable, "-m", "benchmarks.ab", name, "--worker", "--shape", args.shape, "--rep", str(args.rep)]
-            # cwd: `python -m` puts it first on sys.path, so it must be the tree, not this checkout
+            env = dict(os.environ, PYTHONPATH=str(Path(tree).resolve()))
+            # this file by path, not `-m flashtensor.bench.ab`, which would import the tree's copy of the harness;
+            # a script puts its own folder first on sys.path, not the cwd, and that folder holds no flashtensor
+            cmd = [sys.executable, str(Path(__file__).resolve()), name, "--worker", "--shape", args.shape,
+                   "--rep", str(args.rep)]
             run = subprocess.run(cmd + (["--check-only"] if args.check_only else []), env=env, cwd=tree,
                                  capture_output=True, text=True)
             line = next((ln for ln in run.stdout.splitlines() if ln.startswith("AB ")), None)

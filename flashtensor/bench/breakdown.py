@@ -1,6 +1,6 @@
 """Per-kernel times and chosen configs of flashtensor's plan for some workloads (GPU only).
 
-    python -m benchmarks.breakdown h2o keyformer
+    python -m flashtensor.bench.breakdown h2o keyformer
 """
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Render a bench.py results JSON as the BENCHMARKS.md section: `python -m benchmarks.to_markdown results.json >> BENCHMARKS.md`."""
+"""Render a bench.py results JSON as the BENCHMARKS.md section:
+
+    python -m flashtensor.bench.to_markdown results.json >> BENCHMARKS.md
+"""
 from __future__ import annotations
 
 import json
@@ -125,7 +128,7 @@ def markdown(results: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m benchmarks.to_markdown results.json >> BENCHMARKS.md", file=sys.stderr)
+        print("usage: python -m flashtensor.bench.to_markdown results.json >> BENCHMARKS.md", file=sys.stderr)
         return 2
     with open(argv[0]) as f:
         sys.stdout.write(markdown(json.load(f)))
