@@ -1,4 +1,4 @@
-"""The correctness contract of DESIGN section 6 as code: the demo, the benchmarks and the tests all use it."""
+"""The correctness contract of docs/design.md §6 as code: the demo, the benchmarks and the tests all use it."""
 from __future__ import annotations
 
 import math

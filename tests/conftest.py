@@ -1,4 +1,4 @@
-"""Shared test setup: Triton's CPU interpreter, a plan cache per session, and the DESIGN section 6 comparison."""
+"""Shared test setup: Triton's CPU interpreter, a plan cache per session, and the docs/design.md §6 comparison."""
 import os
 
 import pytest
@@ -24,25 +24,13 @@ def assert_close(out, ref) -> None:
         assert m.ok, f"output {i}: {m.problem}"
 
 
-def each_partition(monkeypatch, run) -> int:
-    """Calls run(k) once per candidate partition, with the search offered only the k-th: on a GPU the search
-    emits and times every candidate, on the CPU it takes the first, so this is how the CPU suite reaches the
-    others. The plan cache is off: its key does not name the candidate. Returns the number of candidates."""
-    import flashtensor.pipeline as pipeline
-
-    monkeypatch.setenv("FLASHTENSOR_CACHE", "0")
-    whole, seen = pipeline.partitions, []
-
-    def only(k):
-        def pick(*args):
-            cands = whole(*args)
-            seen.append(len(cands))
-            return cands[k:k + 1]
-        return pick
-
-    k = 0
-    while k == 0 or k < seen[0]:
-        monkeypatch.setattr(pipeline, "partitions", only(k))
-        run(k)
+def each_partition(run) -> int:
+    """Calls run(k) once per candidate partition; run compiles with the option candidate=k, so the search is
+    offered only the k-th, and returns the plan (runtime.plan.Plan). On a GPU the search emits and times every
+    candidate, on the CPU it takes the first, so this is how the CPU suite reaches the others. Returns the
+    number of candidates."""
+    k, count = 0, 1
+    while k < count:
+        count = len(run(k).stages["partition"])
         k += 1
-    return seen[0]
+    return count

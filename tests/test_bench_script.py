@@ -122,8 +122,8 @@ def test_ab_checks_each_tree_in_its_own_process(tmp_path):
     the child runs the A/B's); a directory without the package is refused."""
     broken = tmp_path / "broken"
     shutil.copytree(ROOT / "flashtensor", broken / "flashtensor", ignore=shutil.ignore_patterns("bench"))
-    pipeline = broken / "flashtensor" / "pipeline.py"
-    pipeline.write_text(pipeline.read_text() + "\n\ndef build(*a, **k):\n    raise RuntimeError('broken on purpose')\n")
+    driver = broken / "flashtensor" / "driver.py"
+    driver.write_text(driver.read_text() + "\n\ndef build(*a, **k):\n    raise RuntimeError('broken on purpose')\n")
     cmd = [sys.executable, "-m", "flashtensor.bench.ab", "attn", "--trees", f"here={ROOT},broken={broken}",
            "--check-only", "--shape", "small"]
     proc = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, TRITON_INTERPRET="1"),

@@ -1,5 +1,5 @@
 """Edge values and bad input at call time: compiled results match eager exactly where eager has NaN or inf,
-and what cannot run is rejected with a precise error (DESIGN section 6)."""
+and what cannot run is rejected with a precise error (docs/design.md §6)."""
 import math
 import warnings
 
@@ -10,7 +10,8 @@ import flashtensor as ft
 from flashtensor import workloads
 from flashtensor.analysis.facts import input_domains, narrowed_inputs
 from flashtensor.frontend.capture import CaptureError, capture
-from flashtensor.pipeline import FallbackWarning, fusable_part
+from flashtensor import FallbackWarning
+from flashtensor.partition.fusable import fusable_part
 from flashtensor.transform.decompose import decompose
 from flashtensor.transform.loopform import to_loops
 
@@ -57,7 +58,7 @@ def stats(fill: str, maxima: bool = False):
 def skips_tiles(fn, *args) -> bool:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FallbackWarning)
-        return any(k.assumes_finite for k in ft.explain(fn, *args).program.kernels)
+        return any(k.assumes_finite for k in ft.explain(fn, *args).plan.kernels)
 
 
 # ---- fully masked rows ---------------------------------------------------------------------------
@@ -302,7 +303,7 @@ def banded_noisy_colsums(q, k, noise):
 @pytest.mark.parametrize("value", [math.nan, math.inf, 0.0])
 def test_an_input_checked_on_the_tiles_is_checked_where_they_skip(value):
     """The noise is checked on the tiles the row kernel loads and, for the tiles it skips, by the check's
-    own loads (codegen.emit.tile_checks). Under the interpreter the row tiles are 128 and the loop's 64,
+    own loads (codegen.checkplan.tile_checks). Under the interpreter the row tiles are 128 and the loop's 64,
     so the band of rows 128-255 skips columns 0-63 and 256-299 (a part tile): a bad value in either,
     at their edges, in a computed tile's masked corner or inside the band gives eager's answer (a NaN
     in every column sum of that head, or for inf, where -log gives -inf, finite sums)."""
@@ -324,7 +325,7 @@ def test_an_input_checked_on_the_tiles_is_checked_where_they_skip(value):
 
 def per_key_weighted_attention(q, k, v, w):
     """Causal attention with -log(w[j]) added per key: no grid variable indexes w, so the flat check
-    covers it (codegen.emit.tile_checks)."""
+    covers it (codegen.checkplan.tile_checks)."""
     S = q.shape[1]
     s = q.transpose(1, 2) @ k.transpose(1, 2).transpose(-2, -1)
     return torch.softmax(s + torch.full((S, S), -math.inf).triu(1) - w.log(), dim=-1) @ v.transpose(1, 2)
@@ -488,7 +489,7 @@ def test_every_share_of_every_input_is_checked(which):
     skips it or not) gives eager's NaNs."""
     fn, args = workloads.make("h2o", device="cpu", dtype=torch.float32, S=300, H=2, D=16, seed=which)
     # 9600 elements per input. q is checked on the row tiles of the first kernel and k on the column tiles
-    # of the second (codegen.emit.tile_checks); each kernel checks one half of v (pipeline._tune_kernels),
+    # of the second (codegen.checkplan.tile_checks); each kernel checks one half of v (codegen.checkplan.plan_checks),
     # split into pieces of 800 over the 2 x 3 programs of 128 rows under the interpreter; so 799 and 800 sit
     # on either side of a boundary between two programs, 4799 and 4800 on either side of that between the
     # kernels
@@ -502,13 +503,11 @@ def test_every_share_of_every_input_is_checked(which):
 
 
 @pytest.mark.parametrize("programs", [1, 4])
-def test_fixup_programs_loop_over_every_tile(monkeypatch, programs):
+def test_fixup_programs_loop_over_every_tile(programs):
     """The fixup pass runs few programs that loop over the tiles: with fewer programs than tiles (here
     2 x 3 rows of 128 per kernel) a NaN still gives eager's NaNs and every other value."""
-    from flashtensor.runtime import launch
-    monkeypatch.setattr(launch, "FIXUP_PROGRAMS", programs)
     fn, args = workloads.make("h2o", device="cpu", dtype=torch.float32, S=300, H=2, D=16, seed=7)
     bad = [a.clone() for a in args]
     bad[2][0, 290, 1, 3] = float("inf")       # v: the causal mask skips it for all but the last rows
-    for out, ref in zip(ft.compile(fn)(*bad), fn(*bad)):
+    for out, ref in zip(ft.compile(fn, fixup_programs=programs)(*bad), fn(*bad)):
         assert_close(out, ref)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from flashtensor import workloads
 from flashtensor.frontend.capture import capture
 from flashtensor.ir.loops import evaluate_loops
-from flashtensor.pipeline import fusable_part
+from flashtensor.partition.fusable import fusable_part
 from flashtensor.transform.decompose import decompose
 from flashtensor.transform.exp2 import LOG2E, fold_exp2
 from flashtensor.transform.loopform import to_loops

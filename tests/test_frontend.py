@@ -12,7 +12,7 @@ import flashtensor as ft
 from flashtensor import workloads
 from flashtensor.ir.evaluate import evaluate
 from flashtensor.ir.ops import COMPOSITE
-from flashtensor.pipeline import FallbackWarning
+from flashtensor import FallbackWarning
 
 from conftest import assert_close, compare, rel_err
 
@@ -43,7 +43,7 @@ def line_in(fn, text: str) -> int:
     return first + next(i for i, line in enumerate(lines) if text in line)
 
 
-# ---- the comparison itself (DESIGN section 6) ---------------------------------------------------
+# ---- the comparison itself (docs/design.md §6) ---------------------------------------------------
 
 def test_metric_follows_the_contract():
     ref = torch.randn(64, 64)
@@ -87,7 +87,7 @@ def test_captured_and_decomposed_graphs_match_eager(name):
     fn, args = small(name, seed=SEED + 1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FallbackWarning)
-        program = ft.explain(fn, *args).program
+        program = ft.explain(fn, *args).plan
     ref = eager(fn, *args)
     assert_close(tuple(evaluate(program.captured, tensors(args))), ref)
     assert_close(tuple(evaluate(program.decomposed, tensors(args))), ref)
@@ -98,7 +98,7 @@ def test_decomposed_graph_has_no_composites(name):
     fn, args = small(name)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FallbackWarning)
-        program = ft.explain(fn, *args).program
+        program = ft.explain(fn, *args).plan
     assert any(n.op in COMPOSITE for n in program.captured.nodes)  # there was something to decompose
     assert [n.op for n in program.decomposed.nodes if n.op in COMPOSITE] == []
 
@@ -151,9 +151,9 @@ def test_all_is_not_any_of_not_and_matches_eager(fn, fused):
         warnings.simplefilter("ignore", FallbackWarning)
         report = ft.explain(fn, x)
         out = ft.compile(fn)(x)
-    graph = report.program.decomposed
+    graph = report.plan.decomposed
     assert not [n for n in graph.nodes if n.op == "opaque"] and any(n.op == "logical_not" for n in graph.nodes)
-    assert bool(report.kernels) == fused, report.program.notes
+    assert bool(report.kernels) == fused, report.plan.notes
     assert_close(out, ref)
 
 
@@ -262,12 +262,12 @@ def test_summed_variable_is_not_captured_by_a_later_op():
 
 def test_internal_compiler_error_falls_back_to_eager_with_its_reason(monkeypatch):
     """A bug in a stage must not cost the user the answer: eager runs, and the note says what broke."""
-    import flashtensor.pipeline as pipeline
+    from flashtensor.transform import rewrite
 
     def broken(*args, **kwargs):
         raise KeyError("simulated bug")
 
-    monkeypatch.setattr(pipeline, "fold_exp2", broken)
+    monkeypatch.setattr(rewrite, "REWRITES", [("broken", broken)])
     q, k, v = qkv(1, 40, 16)
     fn = workloads.attn
     with pytest.warns(FallbackWarning, match="internal compiler error"):

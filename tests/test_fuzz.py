@@ -1,4 +1,4 @@
-"""Differential fuzzing: random attention-like programs, compiled against eager (DESIGN section 6).
+"""Differential fuzzing: random attention-like programs, compiled against eager (docs/design.md §6).
 
 Programs are drawn from a small grammar (masks, index-derived biases, score transforms,
 statistics over either dimension of the probabilities, GQA expands, linear-attention
@@ -24,8 +24,9 @@ from hypothesis import strategies as st
 
 import flashtensor as ft
 from conftest import each_partition
-from flashtensor.pipeline import FallbackWarning, Program
-from flashtensor.runtime import autotune
+from flashtensor import FallbackWarning
+from flashtensor.runtime.plan import Program
+from flashtensor.options import CONFIGS
 from flashtensor.testing import as_tuple, compare, rel_err
 
 EXAMPLES = int(os.environ.get("FLASHTENSOR_FUZZ_EXAMPLES", "12"))
@@ -180,7 +181,7 @@ def specs(draw) -> Spec:
     common = dict(batch=draw(st.sampled_from([1, 1, 2])), heads=heads, kv_heads=kv_heads, kv_len=kv_len,
                   dim=draw(st.sampled_from([16, 32])), dtype=draw(st.sampled_from(DTYPES)),
                   expand=draw(st.sampled_from(["repeat_interleave", "expand"])),
-                  seed=draw(st.integers(0, 2 ** 16)), config=draw(st.integers(0, len(autotune.CONFIGS) - 1)))
+                  seed=draw(st.integers(0, 2 ** 16)), config=draw(st.integers(0, len(CONFIGS) - 1)))
     if kind == "linear":
         return Spec(kind, q_len=kv_len, feature=draw(st.sampled_from(["ea", "sima"])), **common)
     q_len = draw(st.one_of(st.just(kv_len), st.integers(1, kv_len), st.integers(1, 80)))
@@ -200,7 +201,7 @@ def specs(draw) -> Spec:
 
 def outcome(prog: Program) -> str:
     """fused (every piece in kernels), partial (some piece in eager) or fallback (all eager). A fallback
-    caused by a compiler bug (the pipeline catches it to keep the answer right) fails the test."""
+    caused by a compiler bug (the driver catches it to keep the answer right) fails the test."""
     bugs = [n for n in prog.notes if n.startswith("internal compiler error")]
     assert not bugs, bugs
     if not prog.launches:
@@ -235,7 +236,7 @@ def _near_threshold(spec: Spec, name: str, args: tuple) -> torch.Tensor:
 
 
 def check(spec: Spec, fn: Callable, args: tuple, out, ref) -> None:
-    """DESIGN 6 per output. Half-precision results that miss eager by more than 2e-3 are held to the float64
+    """docs/design.md §6 per output. Half-precision results that miss eager by more than 2e-3 are held to the float64
     answer instead: no worse than eager's own error (or than storing the exact answer) plus 2e-3, since eager's
     half-precision intermediates are themselves that far off (tests/test_kernels.py::test_bf16_against_float64).
     A float32 result gets the same treatment with 1e-4 only where eager itself is more than 1e-4 from the
@@ -292,21 +293,17 @@ def _interpreter_floor(exact: torch.Tensor, dtype: torch.dtype) -> float:
     return max(2 * rel_err(truncated, exact), 2 * 2.0 ** -8)
 
 
-def run_spec(spec: Spec) -> Program:
+def run_spec(spec: Spec, candidate: Optional[int] = None) -> Program:
     """Compile and check one program, its kernels at the spec's tuner config alone (block sizes decide
-    which tiles straddle an extent or a mask; on the GPU, one compile per kernel); returns its plan."""
+    which tiles straddle an extent or a mask; on the GPU, one compile per kernel), the search offered only
+    `candidate` where it is given; returns its program."""
     fn, args = build(spec), inputs(spec)
     with torch.no_grad():
         ref = fn(*args)
-    compiled = ft.compile(fn, cache=False)
-    configs = autotune.CONFIGS
-    autotune.CONFIGS = [configs[spec.config]]
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FallbackWarning)
-            out = compiled(*args)
-    finally:
-        autotune.CONFIGS = configs
+    compiled = ft.compile(fn, cache=False, configs=[CONFIGS[spec.config]], candidate=candidate)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FallbackWarning)
+        out = compiled(*args)
     check(spec, fn, args, out, ref)
     (prog,) = compiled.programs.values()
     return prog
@@ -398,11 +395,13 @@ def test_programs_the_fuzzer_found(spec: Spec):
 
 
 @pytest.mark.parametrize("spec", FOUND, ids=FOUND_IDS)
-def test_every_partition_the_gpu_search_times(spec: Spec, monkeypatch):
+def test_every_partition_the_gpu_search_times(spec: Spec):
     """On a GPU the search emits and times every partition, on the CPU only the first: each candidate here
     is compiled alone and checked against eager. (A single-query program's second partition once factored
     the product through the probabilities another kernel stores, and its emission crashed on the GPU only:
     codegen/schedule.py's factorize now stops at loaded values.)"""
     def run(k):
-        assert outcome(run_spec(spec)) == "fused", k
-    each_partition(monkeypatch, run)
+        prog = run_spec(spec, candidate=k)
+        assert outcome(prog) == "fused", k
+        return prog.plan
+    each_partition(run)

@@ -1,4 +1,4 @@
-"""Generated kernels against eager under Triton's CPU interpreter (DESIGN 3, 6).
+"""Generated kernels against eager under Triton's CPU interpreter (docs/design.md §3, §6).
 
 Every program here must run through fused kernels (no eager fallback for the fused part),
 never pass an Sq x Skv intermediate between kernels, and match eager on fresh random inputs.
@@ -13,21 +13,22 @@ import torch
 import flashtensor
 import flashtensor as ft
 from flashtensor import workloads as W
-from flashtensor.codegen.emit import FINITE
+from flashtensor.codegen.artifact import FINITE
 from flashtensor.runtime.launch import run_kernels
 from conftest import assert_close, each_partition
 
 FAMILY = ["attn", "h2o", "roco", "keyformer", "snapkv", "corm", "gemma2"]
 
 
-def _run(fn, args, expect_kernels=True):
+def _run(fn, args, expect_kernels=True, **options):
     ref = fn(*args)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        report = ft.explain(fn, *args)
-        out = ft.compile(fn)(*args)
+        compiled = ft.compile(fn, **options)
+        report = ft.explain(compiled, *args)
+        out = compiled(*args)
     assert_close(out, ref)
-    prog = report.program
+    prog = report.plan
     if expect_kernels:
         assert report.kernels, f"no kernels: {prog.notes}"
         assert not [n for n in prog.notes if "no fused plan" in n], prog.notes
@@ -50,7 +51,7 @@ def test_family_matches_eager(name, S, B, dtype):
     assert any(p.skipped for p in report.properties), "the causal mask should let the loop skip tiles"
     # these inputs are finite and inside their ops' domains: the in-kernel check must not flag them (a
     # false alarm sends every call to the fixup pass, which the outputs alone would not show)
-    prog = report.program
+    prog = ft.compile(fn).program_for(args)
     bufs = run_kernels(prog.launches, [args[i] for i in prog.tensor_positions] + prog.consts, args[0].device)
     assert bufs[FINITE].item() == 0
 
@@ -261,7 +262,7 @@ def test_slice_assignments_match_eager(form):
     fn = lambda q, k, v: _written(q, k, v, form)
     if form == "windows":
         report = _run(fn, (q, k, v))
-        assert not report.program.notes and all(n.op != "opaque" for n in report.program.captured.nodes)
+        assert not report.plan.notes and all(n.op != "opaque" for n in report.plan.captured.nodes)
     else:
         ref = fn(q, k, v)
         with warnings.catch_warnings():
@@ -272,16 +273,13 @@ def test_slice_assignments_match_eager(form):
         assert any("scatter" in n for n in next(iter(compiled.programs.values())).notes)
 
 
-def test_launch_groups_cover_every_tile_once(monkeypatch):
-    """With groups of 4 programs (codegen.emit._placement), 5 heads of two row tiles launch as groups of
+def test_launch_groups_cover_every_tile_once():
+    """With groups of 4 programs (codegen.loop.placement), 5 heads of two row tiles launch as groups of
     2, 2 and 1 heads, longest tiles first in each; every output element must still be written once, by
     the right program."""
-    from flashtensor.codegen import emit
-    monkeypatch.setattr(emit, "GROUP_PROGRAMS", 4)
-    monkeypatch.setenv("FLASHTENSOR_CACHE", "0")    # a plan emitted with the usual groups must not be reused
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 130, 5, 16, generator=g) for _ in range(3))
-    report = _run(W.h2o, (q, k, v))
+    report = _run(W.h2o, (q, k, v), group_programs=4)
     assert "gn = tl.minimum(2, 5 - g * 2)" in report.kernels[0].triton_source
 
 
@@ -309,51 +307,48 @@ def test_report_lists_kernels():
 
 
 def test_torch_compile_backend_matches_eager():
-    import flashtensor.backend  # noqa: F401  (the entry point needs the package installed; import is enough)
+    import flashtensor.api.backend  # noqa: F401  (the entry point needs the package installed; import is enough)
     torch._dynamo.reset()
     fn, args = W.make("h2o", device="cpu", dtype=torch.float32, S=64, H=2, D=32)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        out = torch.compile(fn, backend=flashtensor.backend.flashtensor_backend)(*args)
+        out = torch.compile(fn, backend=flashtensor.api.backend.flashtensor_backend)(*args)
     assert_close(out, fn(*args))
 
 
 @pytest.mark.parametrize("name", ["keyformer", "roco"])
-def test_every_candidate_partition_matches_eager(name, monkeypatch):
+def test_every_candidate_partition_matches_eager(name):
     """On a GPU the tuner may pick any candidate partition; each must compute the same program."""
     fn, args = W.make(name, device="cpu", dtype=torch.float32, S=70, H=2, D=32, B=2, seed=5)
 
     def run(k):
-        report = _run(fn, args)
+        report = _run(fn, args, candidate=k)
         if k < 2:
             assert len(report.kernels) == [2, 3][k]
-    assert each_partition(monkeypatch, run) >= 2, "the related-merges-only candidate should differ from the greedy one"
+        return report.plan
+    assert each_partition(run) >= 2, "the related-merges-only candidate should differ from the greedy one"
 
 
 @pytest.mark.parametrize("name", ["h2o", "keyformer", "corm", "gemma2"])
-def test_every_tile_shape_the_gpu_tuner_tries(name, monkeypatch):
-    """On a GPU the tuner emits every block shape in autotune.CONFIGS, on the CPU only the first; each must
+def test_every_tile_shape_the_gpu_tuner_tries(name):
+    """On a GPU the tuner emits every block shape in options.CONFIGS, on the CPU only the first; each must
     compute the same program (warps and stages do not change the interpreter's result)."""
-    from flashtensor.runtime import autotune
-
-    monkeypatch.setenv("FLASHTENSOR_CACHE", "0")    # each shape must be emitted, not read back
     fn, args = W.make(name, device="cpu", dtype=torch.float32, S=70, H=2, D=32, B=2, seed=7)
-    for rows, cols in sorted({(r, c) for r, c, _, _ in autotune.CONFIGS}):
-        monkeypatch.setattr(autotune, "CONFIGS", [(rows, cols, 4, 2)])
-        for k in _run(fn, args).kernels:     # 70 rounds up to 128: every kernel's row and loop take the shape
+    for rows, cols in sorted({(c.block_row, c.block_loop) for c in ft.options.CONFIGS}):
+        for k in _run(fn, args, configs=[(rows, cols, 4, 2)]).kernels:     # 70 rounds up to 128: every kernel's row and loop take the shape
             assert {rows, cols} <= set(k.blocks.values()), (rows, cols, k.name, k.blocks)
 
 
 @pytest.mark.parametrize("c", [1 / math.sqrt(128), 1 / math.sqrt(96), 1 / math.sqrt(40), 0.125, 0.1, 1 / 3, 2.5, -7.3])
 def test_fp16_scale_split_rounds_like_eager(c):
-    """The faithful kernels scale fp16 scores as fp16 x * hi + fp16(x * lo) in one fma (codegen.emit.split_f16).
+    """The faithful kernels scale fp16 scores as fp16 x * hi + fp16(x * lo) in one fma (codegen.forms.split_f16).
     Over every finite fp16 x it must stay within one fp16 step of eager's fp16(float32(x) * float32(c)), and
     differ at all for few x: at most 4% of them, nearly all where x * lo is an fp16 subnormal (there the
     product's rounding costs it its last bits). A constant whose remainder would be deep in the subnormals
     gets no split: the kernel keeps the float32 multiply."""
     import numpy as np
-    assert flashtensor.codegen.emit.split_f16(1e-3) is None
-    c32, hi, lo = flashtensor.codegen.emit.split_f16(c)
+    assert flashtensor.codegen.forms.split_f16(1e-3) is None
+    c32, hi, lo = flashtensor.codegen.forms.split_f16(c)
     x = np.arange(65536, dtype=np.uint16).view(np.float16)
     x = x[np.isfinite(x)].astype(np.float64)
     with np.errstate(over="ignore"):

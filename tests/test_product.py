@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import flashtensor as ft
-import flashtensor.backend
+import flashtensor.api.backend
 from flashtensor import workloads
 from flashtensor.cli import main as cli
-from flashtensor.pipeline import FallbackWarning
+from flashtensor import FallbackWarning
 from flashtensor.runtime.cache import CacheWarning
 
 from conftest import assert_close
@@ -33,12 +33,12 @@ def fresh(name: str, seed: int):
 def compiled_by_backend(monkeypatch):
     """The ft.compile objects the backend creates, so tests can see what it planned."""
     made = []
-    real = flashtensor.backend.ft_compile
+    real = flashtensor.api.backend.ft_compile
 
     def spy(fn, **options):
         made.append(real(fn, **options))
         return made[-1]
-    monkeypatch.setattr(flashtensor.backend, "ft_compile", spy)
+    monkeypatch.setattr(flashtensor.api.backend, "ft_compile", spy)
     torch._dynamo.reset()
     yield made
     torch._dynamo.reset()
@@ -98,7 +98,7 @@ def test_unfusable_op_gives_eager_answer_through_both_entry_points(fn, op, compi
 
 CACHE_SCRIPT = textwrap.dedent("""
     import sys, torch
-    import flashtensor as ft, flashtensor.pipeline as pipeline
+    import flashtensor as ft, flashtensor.driver as driver
     from flashtensor import workloads
     from flashtensor.runtime import cache
     from flashtensor.testing import as_tuple, compare
@@ -106,8 +106,8 @@ CACHE_SCRIPT = textwrap.dedent("""
     # the key hashes flashtensor's own source; others edit this checkout while tests run, so pin it
     cache.versions = lambda: "pinned for the test"
     searches = []
-    search = pipeline._search
-    pipeline._search = lambda *a: searches.append(1) or search(*a)
+    search = driver._search
+    driver._search = lambda *a: searches.append(1) or search(*a)
     fn, args = workloads.make("h2o", device="cpu", dtype=torch.float32, seed=int(sys.argv[1]), S=64, H=2, D=32)
     compiled = ft.compile(fn)
     outs = as_tuple(compiled(*args))
@@ -204,13 +204,18 @@ def test_constants_are_part_of_the_key(tmp_path, monkeypatch):
     assert len(list((tmp_path / "plans").glob("*.plan"))) == 2
 
 
-def test_cache_off_by_option_and_explain_bypasses_it(tmp_path, monkeypatch):
+def test_cache_off_by_option_and_explain_works_from_the_cache(tmp_path, monkeypatch):
+    """cache=False writes no plan; explain plans like ft.compile, and a plan read back from the cache is
+    explained as it was searched (loop form, every kernel's properties)."""
     monkeypatch.setenv("FLASHTENSOR_CACHE_DIR", str(tmp_path))
     fn, args = fresh("attn", seed=13)
     assert_close(ft.compile(fn, cache=False)(*args), fn(*args))
-    report = ft.explain(fn, *args)
-    assert report.program.loops is not None and report.properties
     assert not (tmp_path / "plans").exists() or not list((tmp_path / "plans").iterdir())
+    searched = ft.explain(fn, *args)
+    assert not searched.plan.cached and searched.properties and "loop form" in searched.plan.stages
+    again = ft.explain(fn, *args)
+    assert again.plan.cached and "loop form" not in again.plan.stages
+    assert str(again) == str(searched) and len(again.properties) == len(again.kernels) >= 1
 
 
 # ---- FLASHTENSOR_DEBUG / the "flashtensor" logger -----------------------------------------------
@@ -252,7 +257,7 @@ def test_debug_env_var_logs_to_stderr_and_is_silent_when_off(tmp_path):
                                        FLASHTENSOR_CACHE_DIR=str(tmp_path)))
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.strip() == "torch.Size([4, 40])"
-        assert ("[flashtensor.pipeline] captured graph:" in proc.stderr) is expect, proc.stderr
+        assert ("[flashtensor.driver] captured graph:" in proc.stderr) is expect, proc.stderr
 
 
 def test_progress_lines_while_planning_and_none_from_the_cache(tmp_path):

@@ -1,4 +1,4 @@
-"""Value facts: where a value is a known constant, as regions given by affine predicates (DESIGN 3.5).
+"""Value facts: where a value is a known constant, as regions given by affine predicates (docs/design.md §3.5).
 
 A region is a conjunction of half-planes `expr >= 0` over index variables. For each
 loop node we find facts `(region, constant)`: a causal mask `where(j - i >= 1, -inf, 0)`
@@ -272,3 +272,35 @@ def narrowed_inputs(g: LoopGraph) -> dict[int, torch.dtype]:
     return out
 
 
+# ---- sign facts: what holds of a value everywhere it is defined (no regions) ----------------------------
+
+def nonnegative(x: object) -> bool:
+    """x >= 0 (or NaN) wherever it is defined: exponentials, and sums, products, casts and selects of such."""
+    if not isinstance(x, LNode):
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0
+    if x.op in ("exp", "exp2"):
+        return True
+    if x.op == "scalar":
+        return nonnegative(x.attrs["value"])
+    if x.op == "reduce":
+        return x.attrs["kind"] in ("sum", "max", "min") and nonnegative(x.args[0])
+    if x.op in ("mul", "add", "cast", "div"):
+        return all(nonnegative(a) for a in x.args)
+    return x.op == "where" and all(nonnegative(a) for a in x.args[1:])
+
+
+def zero_or_inf(x: object) -> bool:
+    """x is 0 or +-inf wherever it is defined (a literal, or a select between such literals)."""
+    if isinstance(x, LNode):
+        if x.op == "scalar":
+            return zero_or_inf(x.attrs["value"])
+        return x.op == "where" and all(zero_or_inf(y) for y in x.args[1:])
+    return isinstance(x, (int, float)) and (x == 0 or math.isinf(x))
+
+
+def exact_sum(n: LNode) -> bool:
+    """A half-precision add/sub of a half value and 0 or +-inf (an additive mask) is exact: no rounding."""
+    if n.op not in ("add", "sub"):
+        return False
+    a, b = n.args
+    return any(zero_or_inf(m) and isinstance(x, LNode) and x.dtype == n.dtype for x, m in ((a, b), (b, a)))

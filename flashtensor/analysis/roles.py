@@ -1,4 +1,4 @@
-"""Dimension roles inside one kernel (DESIGN 3.2) and the dependencies between its reductions (3.3).
+"""Dimension roles inside one kernel (docs/design.md §3.2) and the dependencies between its reductions (3.3).
 
 parallel: every stored value carries the variable and nothing reduces it -> the grid;
 reduced: a reduction inside removes it -> a loop, or an in-tile reduction when small;

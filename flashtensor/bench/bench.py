@@ -40,7 +40,7 @@ FLEX = ("attn", "gemma2")  # the programs FlexAttention can express
 SDPA = ("attn",)
 YARDSTICK = "sdpa-attn"  # SDPA on attn's inputs, timed beside another workload (see run_workload)
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
-BOOL_TOL = 1e-3  # booleans may flip where eager's value sits within rounding of the threshold (DESIGN 6)
+BOOL_TOL = 1e-3  # booleans may flip where eager's value sits within rounding of the threshold (docs/design.md §6)
 
 
 def compare(out: Any, ref: Any, first_only: bool = False) -> dict:

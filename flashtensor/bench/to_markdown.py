@@ -9,7 +9,7 @@ import sys
 
 LABELS = {"eager": "eager", "compile": "torch.compile", "max-autotune": "max-autotune",
           "flex": "FlexAttention", "sdpa": "SDPA", "flashtensor": "flashtensor", "sdpa-attn": "SDPA on attn"}
-LINEAR = ("ea", "sima")  # linear attention: SDPA's attn time is no yardstick for these (DESIGN 4)
+LINEAR = ("ea", "sima")  # linear attention: SDPA's attn time is no yardstick for these (docs/design.md §4)
 FAIL = "✗"
 
 

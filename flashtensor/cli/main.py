@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 import flashtensor as ft
+from flashtensor import knobs
 from flashtensor import workloads
 from flashtensor.testing import as_tuple, compare
 
@@ -133,7 +134,7 @@ def _use_interpreter_without_gpu() -> str:
     """Pick the device; on CPU force Triton's interpreter, restarting if triton was imported without it."""
     if torch.cuda.is_available():
         return "cuda"
-    if os.environ.get("TRITON_INTERPRET") != "1":
+    if not knobs.interpret():
         os.environ["TRITON_INTERPRET"] = "1"
         if "triton" in sys.modules:  # `python -m flashtensor` imported the package before main() ran
             os.execv(sys.executable, sys.orig_argv)

@@ -20,6 +20,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..ir.graph import Builder, Graph, Node
+from ..ir.ops import ELEMENTWISE, GROUP, Group
 
 aten = torch.ops.aten
 
@@ -333,16 +334,16 @@ def _lifted(b, v, base, dim, lo, select, s, d, src):
     return None
 
 
+def _overload(name: str) -> Any:
+    """`"add.Tensor"` -> aten.add.Tensor."""
+    packet, overload = name.split(".")
+    return getattr(getattr(aten, packet), overload)
+
+
 _RULES: dict[Any, Callable] = {
-    **{getattr(aten, k).default: _unary(k) for k in ("neg", "exp", "log", "tanh", "abs", "sigmoid", "sqrt",
-                                                      "rsqrt", "exp2", "log2", "reciprocal", "logical_not")},
-    aten.bitwise_not.default: _unary("logical_not"),
-    **{getattr(aten, k).Tensor: _binary(k) for k in ("add", "sub", "mul", "div", "eq", "ne", "lt", "le", "gt", "ge")},
-    **{getattr(aten, k).Scalar: _binary(k) for k in ("add", "sub", "mul", "div", "eq", "ne", "lt", "le", "gt", "ge")},
-    aten.pow.Tensor_Scalar: _binary("pow"), aten.pow.Tensor_Tensor: _binary("pow"),
-    aten.maximum.default: _binary("maximum"), aten.minimum.default: _binary("minimum"),
-    aten.logical_and.default: _binary("logical_and"), aten.logical_or.default: _binary("logical_or"),
-    aten.bitwise_and.Tensor: _binary("logical_and"), aten.bitwise_or.Tensor: _binary("logical_or"),
+    # elementwise ops: the ATen overloads ir.ops.ELEMENTWISE names for each
+    **{_overload(name): (_unary if GROUP[op] is Group.UNARY else _binary)(op)
+       for op, e in ELEMENTWISE.items() for name in e.aten},
     aten.rsub.Scalar: lambda b, a, kw, s, d, src: b.add("sub", (a[1], a[0]), s, d, src),
     aten.relu.default: lambda b, a, kw, s, d, src: b.add("maximum", (a[0], 0.0), s, d, src),
     aten.where.self: lambda b, a, kw, s, d, src: b.add("where", tuple(a[:3]), s, d, src),

@@ -10,16 +10,21 @@ from typing import Any, Iterable
 
 import torch
 
+from .ops import Op
+
 
 @dataclass(eq=False)
 class Node:
-    op: str
+    op: Op
     args: tuple
     shape: tuple[int, ...]
     dtype: torch.dtype
     attrs: dict = field(default_factory=dict)
     name: str = ""
     source: str = ""  # the user's source line that produced it, when known
+
+    def __post_init__(self) -> None:
+        self.op = Op(self.op)      # a misspelt op name fails here, not as a silent fallback later
 
     @property
     def inputs(self) -> list["Node"]:
@@ -123,9 +128,9 @@ class Builder:
         self.nodes: list[Node] = []
         self._count: dict[str, int] = {}
 
-    def add(self, op: str, args: tuple, shape: tuple[int, ...], dtype: torch.dtype, source: str = "", **attrs: Any) -> Node:
+    def add(self, op: Op | str, args: tuple, shape: tuple[int, ...], dtype: torch.dtype, source: str = "", **attrs: Any) -> Node:
         k = self._count.get(op, 0)
         self._count[op] = k + 1
-        n = Node(op, tuple(args), tuple(int(s) for s in shape), dtype, attrs, f"{op}{k}" if k else op, source)
+        n = Node(op, tuple(args), tuple(int(s) for s in shape), dtype, attrs, f"{op}{k}" if k else str(op), source)
         self.nodes.append(n)
         return n

@@ -1,4 +1,4 @@
-"""Loop-form IR: every value is a function of named loop variables (DESIGN 3.1).
+"""Loop-form IR: every value is a function of named loop variables (docs/design.md §3.1).
 
 Layout ops are gone here: a program input is read through an affine index map
 (`load`), index tensors are affine expressions of variables (`iota`), a matmul
@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .ops import BINARY, UNARY
+from .ops import BINARY, UNARY, Op
 
 _ids = itertools.count()
 
@@ -74,12 +74,15 @@ class Affine:
 
 @dataclass(eq=False)
 class LNode:
-    op: str                      # load | iota | scalar | cast | where | reduce | unary/binary op names
+    op: Op                       # load | iota | scalar | cast | where | reduce | elementwise ops
     args: tuple                  # LNodes (or Python scalars for binary ops)
     dtype: torch.dtype
     vars: tuple[Var, ...]        # the variables this value depends on, by id
     attrs: dict = field(default_factory=dict)
     name: str = ""
+
+    def __post_init__(self) -> None:
+        self.op = Op(self.op)
 
     @property
     def inputs(self) -> list["LNode"]:

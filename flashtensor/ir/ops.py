@@ -1,47 +1,182 @@
-"""The op vocabulary of the graph IR and the meaning of each op as plain torch.
+"""The op vocabulary, one enum for every stage, and the table that says what each op means.
 
-`EVAL[op](node, *args)` computes one node from its evaluated arguments; the
-reference evaluator and the eager fallback both use it, so there is one
-definition of what every op means.
+`Op` names every op of the graph IR and of the loop form; `GROUP` puts each in one group, and
+the stages dispatch on the group (capture lowers ATen calls to ops, decompose removes the
+composites, loop form removes layout ops and contractions, codegen prints the elementwise and
+reduction ops). An elementwise op is one row of `ELEMENTWISE`: its torch meaning (the reference
+evaluators and the eager fallback), its Triton template (codegen) and the ATen overloads that
+capture lowers to it. `tests/test_ops.py` checks that every op is covered by each stage or is
+declared eager-only.
 """
 from __future__ import annotations
 
+import enum
 import math
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
 
-def _extreme(pick, clamp):
+
+class Op(enum.StrEnum):
+    # sources
+    INPUT = "input"
+    CONST = "const"
+    FULL = "full"
+    IOTA = "iota"
+    # layout (gone in the loop form)
+    PERMUTE = "permute"
+    RESHAPE = "reshape"
+    EXPAND = "expand"
+    SELECT = "select"
+    SLICE = "slice"
+    # elementwise
+    NEG = "neg"
+    EXP = "exp"
+    LOG = "log"
+    TANH = "tanh"
+    ABS = "abs"
+    SIGMOID = "sigmoid"
+    SQRT = "sqrt"
+    RSQRT = "rsqrt"
+    EXP2 = "exp2"
+    LOG2 = "log2"
+    RECIPROCAL = "reciprocal"
+    LOGICAL_NOT = "logical_not"
+    LOG2_APPROX = "log2_approx"
+    ADD = "add"
+    SUB = "sub"
+    MUL = "mul"
+    DIV = "div"
+    MAXIMUM = "maximum"
+    MINIMUM = "minimum"
+    POW = "pow"
+    EQ = "eq"
+    NE = "ne"
+    LT = "lt"
+    LE = "le"
+    GT = "gt"
+    GE = "ge"
+    LOGICAL_AND = "logical_and"
+    LOGICAL_OR = "logical_or"
+    CAST = "cast"
+    WHERE = "where"
+    # reductions and contractions
+    REDUCE = "reduce"
+    MATMUL = "matmul"
+    # composites (rewritten into the ops above by transform.decompose)
+    SOFTMAX = "softmax"
+    LOG_SOFTMAX = "log_softmax"
+    MEAN = "mean"
+    NORM = "norm"
+    CLAMP = "clamp"
+    MASKED_FILL = "masked_fill"
+    TRIU = "triu"
+    TRIL = "tril"
+    ADDMM = "addmm"
+    LINEAR = "linear"
+    # loop form only
+    LOAD = "load"
+    SCALAR = "scalar"
+    REDUCE_AXES = "reduce_axes"
+    # an ATen call the IR does not model: runs in eager PyTorch
+    OPAQUE = "opaque"
+
+
+class Group(enum.Enum):
+    SOURCE = "source"
+    LAYOUT = "layout"
+    UNARY = "unary"
+    BINARY = "binary"
+    SELECT = "select"          # cast, where: elementwise with their own rules
+    REDUCE = "reduce"
+    CONTRACT = "contract"
+    COMPOSITE = "composite"
+    LOOP = "loop"              # produced and consumed inside the loop form
+    EAGER = "eager"
+
+
+@dataclass(frozen=True)
+class Elementwise:
+    """One elementwise op: torch's meaning, Triton's (a template over the operands' expressions; None
+    where only a codegen form lowers it, see codegen/forms.py), and the ATen overloads lowered to it."""
+    torch: Callable
+    triton: Optional[str]
+    aten: tuple[str, ...] = ()
+
+
+_LOG2E = 1.0 / math.log(2.0)
+
+
+def _extreme(pick: Callable, clamp: Callable) -> Callable:
     """maximum/minimum that also take a Python scalar on either side."""
-    def f(a, b):
+    def f(a: Any, b: Any) -> Any:
         if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
             return pick(a, b)
         return clamp(a, b) if isinstance(a, torch.Tensor) else clamp(b, a)
     return f
 
 
-UNARY: dict[str, Callable] = {
-    "neg": torch.neg, "exp": torch.exp, "log": torch.log, "tanh": torch.tanh, "abs": torch.abs,
-    "sigmoid": torch.sigmoid, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "exp2": torch.exp2,
-    "log2": torch.log2, "reciprocal": torch.reciprocal, "logical_not": torch.logical_not,
+def _cmp(name: str) -> tuple[str, ...]:
+    return (f"{name}.Tensor", f"{name}.Scalar")
+
+
+ELEMENTWISE: dict[Op, Elementwise] = {
+    Op.NEG: Elementwise(torch.neg, "(-{})", ("neg.default",)),
+    Op.EXP: Elementwise(torch.exp, "tl.exp({})", ("exp.default",)),
+    Op.LOG: Elementwise(torch.log, "tl.log({})", ("log.default",)),
+    Op.TANH: Elementwise(torch.tanh, f"(1.0 - 2.0 / (tl.exp2({2 * _LOG2E!r} * {{}}) + 1.0))", ("tanh.default",)),
+    Op.ABS: Elementwise(torch.abs, "tl.abs({})", ("abs.default",)),
+    Op.SIGMOID: Elementwise(torch.sigmoid, f"(1.0 / (1.0 + tl.exp2({-_LOG2E!r} * {{}})))", ("sigmoid.default",)),
+    Op.SQRT: Elementwise(torch.sqrt, "tl.sqrt({})", ("sqrt.default",)),
+    Op.RSQRT: Elementwise(torch.rsqrt, "tl.rsqrt({})", ("rsqrt.default",)),
+    Op.EXP2: Elementwise(torch.exp2, "tl.exp2({})", ("exp2.default",)),
+    Op.LOG2: Elementwise(torch.log2, "tl.log2({})", ("log2.default",)),
+    Op.RECIPROCAL: Elementwise(torch.reciprocal, "(1.0 / {})", ("reciprocal.default",)),
+    Op.LOGICAL_NOT: Elementwise(torch.logical_not, "({} == 0)", ("logical_not.default", "bitwise_not.default")),
     # log2 that kernels may compute as coarsely as exp2 (the GPU's approximate unit); only ever inside an
     # exponential's argument, where an absolute error of ~1e-7 is a relative one in the result
-    "log2_approx": torch.log2,
+    Op.LOG2_APPROX: Elementwise(torch.log2, "_log2_approx({}, False)"),
+    Op.ADD: Elementwise(torch.add, "({} + {})", _cmp("add")),
+    Op.SUB: Elementwise(torch.sub, "({} - {})", _cmp("sub")),
+    Op.MUL: Elementwise(torch.mul, "({} * {})", _cmp("mul")),
+    Op.DIV: Elementwise(torch.div, "({} / {})", _cmp("div")),
+    Op.MAXIMUM: Elementwise(_extreme(torch.maximum, torch.clamp_min),
+                            "tl.maximum({}, {}, propagate_nan=tl.PropagateNan.ALL)", ("maximum.default",)),
+    Op.MINIMUM: Elementwise(_extreme(torch.minimum, torch.clamp_max),
+                            "tl.minimum({}, {}, propagate_nan=tl.PropagateNan.ALL)", ("minimum.default",)),
+    Op.POW: Elementwise(torch.pow, None, ("pow.Tensor_Scalar", "pow.Tensor_Tensor")),
+    Op.EQ: Elementwise(torch.eq, "({} == {})", _cmp("eq")),
+    Op.NE: Elementwise(torch.ne, "({} != {})", _cmp("ne")),
+    Op.LT: Elementwise(torch.lt, "({} < {})", _cmp("lt")),
+    Op.LE: Elementwise(torch.le, "({} <= {})", _cmp("le")),
+    Op.GT: Elementwise(torch.gt, "({} > {})", _cmp("gt")),
+    Op.GE: Elementwise(torch.ge, "({} >= {})", _cmp("ge")),
+    Op.LOGICAL_AND: Elementwise(torch.logical_and, "({} & {})", ("logical_and.default", "bitwise_and.Tensor")),
+    Op.LOGICAL_OR: Elementwise(torch.logical_or, "({} | {})", ("logical_or.default", "bitwise_or.Tensor")),
 }
-BINARY: dict[str, Callable] = {
-    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
-    "maximum": _extreme(torch.maximum, torch.clamp_min), "minimum": _extreme(torch.minimum, torch.clamp_max),
-    "pow": torch.pow,
-    "eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge,
-    "logical_and": torch.logical_and, "logical_or": torch.logical_or,
+
+GROUP: dict[Op, Group] = {
+    **{op: Group.SOURCE for op in (Op.INPUT, Op.CONST, Op.FULL, Op.IOTA)},
+    **{op: Group.LAYOUT for op in (Op.PERMUTE, Op.RESHAPE, Op.EXPAND, Op.SELECT, Op.SLICE)},
+    **{op: Group.UNARY for op in (Op.NEG, Op.EXP, Op.LOG, Op.TANH, Op.ABS, Op.SIGMOID, Op.SQRT, Op.RSQRT, Op.EXP2,
+                                  Op.LOG2, Op.RECIPROCAL, Op.LOGICAL_NOT, Op.LOG2_APPROX)},
+    **{op: Group.BINARY for op in (Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MAXIMUM, Op.MINIMUM, Op.POW, Op.EQ, Op.NE,
+                                   Op.LT, Op.LE, Op.GT, Op.GE, Op.LOGICAL_AND, Op.LOGICAL_OR)},
+    Op.CAST: Group.SELECT, Op.WHERE: Group.SELECT,
+    Op.REDUCE: Group.REDUCE, Op.MATMUL: Group.CONTRACT,
+    **{op: Group.COMPOSITE for op in (Op.SOFTMAX, Op.LOG_SOFTMAX, Op.MEAN, Op.NORM, Op.CLAMP, Op.MASKED_FILL,
+                                      Op.TRIU, Op.TRIL, Op.ADDMM, Op.LINEAR)},
+    **{op: Group.LOOP for op in (Op.LOAD, Op.SCALAR, Op.REDUCE_AXES)},
+    Op.OPAQUE: Group.EAGER,
 }
-# Composite ops that `transform.decompose` rewrites into the primitives above.
-COMPOSITE = ("softmax", "log_softmax", "mean", "norm", "clamp", "masked_fill", "triu", "tril",
-             "addmm", "linear")
+UNARY: dict[Op, Callable] = {op: e.torch for op, e in ELEMENTWISE.items() if GROUP[op] is Group.UNARY}
+BINARY: dict[Op, Callable] = {op: e.torch for op, e in ELEMENTWISE.items() if GROUP[op] is Group.BINARY}
+COMPOSITE = frozenset(op for op, g in GROUP.items() if g is Group.COMPOSITE)
 
 
-def _reduce(n, x):
+def _reduce(n: Any, x: torch.Tensor) -> torch.Tensor:
     kind, dims, keep = n.attrs["kind"], n.attrs["dims"], n.attrs["keepdim"]
     if not dims:
         return x
@@ -55,7 +190,7 @@ def _reduce(n, x):
     return f(x, dims, keep)
 
 
-def _iota(n):
+def _iota(n: Any) -> torch.Tensor:
     shape, dim = n.shape, n.attrs["dim"]
     r = torch.arange(shape[dim], dtype=n.dtype, device=n.attrs["device"])
     view = [1] * len(shape)
@@ -63,52 +198,62 @@ def _iota(n):
     return r.view(view).expand(shape)
 
 
-def _norm(n, x):
+def _norm(n: Any, x: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(x, n.attrs["ord"], n.attrs["dims"], n.attrs["keepdim"])
 
 
-def _tri(lower: bool):
-    def f(n, x):
+def _tri(lower: bool) -> Callable:
+    def f(n: Any, x: torch.Tensor) -> torch.Tensor:
         return (torch.tril if lower else torch.triu)(x, n.attrs["diagonal"])
     return f
 
 
-def _slice(n, x):
+def _slice(n: Any, x: torch.Tensor) -> torch.Tensor:
     return x.narrow(n.attrs["dim"], n.attrs["start"], n.shape[n.attrs["dim"]])
 
 
-EVAL: dict[str, Callable] = {
-    **{k: (lambda f: lambda n, x: f(x))(f) for k, f in UNARY.items()},
-    **{k: (lambda f: lambda n, a, b: f(a, b))(f) for k, f in BINARY.items()},
-    "cast": lambda n, x: x.to(n.dtype),
-    "where": lambda n, c, a, b: torch.where(c, a, b),
-    "reduce": _reduce,
-    "matmul": lambda n, a, b: torch.matmul(a, b),
-    "permute": lambda n, x: x.permute(n.attrs["dims"]),
-    "reshape": lambda n, x: x.reshape(n.shape),
-    "expand": lambda n, x: x.expand(n.shape),
-    "select": lambda n, x: x.select(n.attrs["dim"], n.attrs["index"]),
-    "slice": _slice,
-    "const": lambda n: n.attrs["value"],
-    "full": lambda n: torch.full(n.shape, n.attrs["value"], dtype=n.dtype, device=n.attrs["device"]),
-    "iota": _iota,
-    "softmax": lambda n, x: torch.softmax(x, n.attrs["dim"], dtype=n.dtype),
-    "log_softmax": lambda n, x: torch.log_softmax(x, n.attrs["dim"], dtype=n.dtype),
-    "mean": lambda n, x: torch.mean(x, n.attrs["dims"], n.attrs["keepdim"]),
-    "norm": _norm,
-    "clamp": lambda n, x: torch.clamp(x, n.attrs["min"], n.attrs["max"]),
-    "masked_fill": lambda n, x, m, v: x.masked_fill(m, v),
-    "triu": _tri(False),
-    "tril": _tri(True),
-    "addmm": lambda n, b, x, w: torch.addmm(b, x, w),
-    "linear": lambda n, x, w, b=None: F.linear(x, w, b),
-    "opaque": lambda n, *a: _opaque(n, *a),
-}
-
-
-def _opaque(n, *args):
+def _opaque(n: Any, *args: Any) -> Any:
     """An op the IR does not model: run the captured ATen callable itself."""
     it = iter(args)
     real = [next(it) if isinstance(a, str) and a == "<tensor>" else a for a in n.attrs["arg_spec"]]
     out = n.attrs["fn"](*real, **n.attrs["kwargs"])
     return out[n.attrs["index"]] if n.attrs["index"] is not None else out
+
+
+def _unary_eval(f: Callable) -> Callable:
+    return lambda n, x: f(x)
+
+
+def _binary_eval(f: Callable) -> Callable:
+    return lambda n, a, b: f(a, b)
+
+
+# `EVAL[op](node, *args)` computes one graph-IR node from its evaluated arguments; the reference
+# evaluator and the eager fallback both use it, so there is one definition of what every op means.
+EVAL: dict[Op, Callable] = {
+    **{k: _unary_eval(f) for k, f in UNARY.items()},
+    **{k: _binary_eval(f) for k, f in BINARY.items()},
+    Op.CAST: lambda n, x: x.to(n.dtype),
+    Op.WHERE: lambda n, c, a, b: torch.where(c, a, b),
+    Op.REDUCE: _reduce,
+    Op.MATMUL: lambda n, a, b: torch.matmul(a, b),
+    Op.PERMUTE: lambda n, x: x.permute(n.attrs["dims"]),
+    Op.RESHAPE: lambda n, x: x.reshape(n.shape),
+    Op.EXPAND: lambda n, x: x.expand(n.shape),
+    Op.SELECT: lambda n, x: x.select(n.attrs["dim"], n.attrs["index"]),
+    Op.SLICE: _slice,
+    Op.CONST: lambda n: n.attrs["value"],
+    Op.FULL: lambda n: torch.full(n.shape, n.attrs["value"], dtype=n.dtype, device=n.attrs["device"]),
+    Op.IOTA: _iota,
+    Op.SOFTMAX: lambda n, x: torch.softmax(x, n.attrs["dim"], dtype=n.dtype),
+    Op.LOG_SOFTMAX: lambda n, x: torch.log_softmax(x, n.attrs["dim"], dtype=n.dtype),
+    Op.MEAN: lambda n, x: torch.mean(x, n.attrs["dims"], n.attrs["keepdim"]),
+    Op.NORM: _norm,
+    Op.CLAMP: lambda n, x: torch.clamp(x, n.attrs["min"], n.attrs["max"]),
+    Op.MASKED_FILL: lambda n, x, m, v: x.masked_fill(m, v),
+    Op.TRIU: _tri(False),
+    Op.TRIL: _tri(True),
+    Op.ADDMM: lambda n, b, x, w: torch.addmm(b, x, w),
+    Op.LINEAR: lambda n, x, w, b=None: F.linear(x, w, b),
+    Op.OPAQUE: _opaque,
+}

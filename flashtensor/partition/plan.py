@@ -1,4 +1,4 @@
-"""Partition: which loop nodes each kernel computes, and what crosses kernel boundaries (DESIGN 3.4).
+"""Partition: which loop nodes each kernel computes, and what crosses kernel boundaries (docs/design.md §3.4).
 
 A kernel's parallel variables are its outputs' variables. A reduction inside it over one of
 its own parallel variables needs that variable's whole range, which one program does not
@@ -8,6 +8,7 @@ Kernels whose parallel variables nest are merged when the schedule accepts the m
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -134,3 +135,14 @@ def _order(plans: list[KernelPlan]) -> Optional[list[KernelPlan]]:
         done.update(ready.roots)
         pending.remove(ready)
     return out
+
+
+def check_boundaries(loops: LoopGraph, plans: list[KernelPlan]) -> None:
+    """No value larger than the program's own inputs and outputs may cross a kernel boundary (docs/design.md
+    §3.4): recomputing it is cheaper than writing and reading it."""
+    largest = max(math.prod(shape) for shape, _ in loops.inputs + [(o.shape, None) for o in loops.outputs])
+    stored = {o.node for o in loops.outputs}
+    for p in plans:
+        for r in p.roots:
+            if r not in stored and math.prod(v.extent for v in r.vars) > largest:
+                raise PartitionError(f"plan would pass a {[v.extent for v in r.vars]} intermediate between kernels")

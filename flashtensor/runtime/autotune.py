@@ -6,28 +6,37 @@ kernels before it produced. On the CPU (Triton's interpreter) the first config i
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Sequence
 
 import torch
 
-from ..codegen.emit import KernelSource
-from .launch import Launch, allocate, interpreting, load_kernel
+from .. import knobs
+from ..codegen.kernel import emit_kernel
+from ..codegen.spec import KernelSpec
+from ..options import TileConfig
+from .launch import Launch, allocate, load_kernel
 
 log = logging.getLogger(__name__)
 
-# (row block, loop block, warps, stages): first is the default, the rest are tried on a GPU
-CONFIGS = [(128, 64, 4, 2), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3), (64, 128, 4, 3),
-           (64, 64, 4, 2), (128, 128, 4, 2), (64, 32, 4, 2), (128, 32, 8, 3)]
+
+class TuneError(RuntimeError):
+    """No tile configuration of a kernel ran on the device."""
 
 
-def tune(variants: Callable[[tuple], KernelSource], buffers: dict, device: torch.device) -> Launch:
-    """Best Launch among CONFIGS for one kernel; `buffers` holds inputs and earlier kernels' results
+def timed(device: torch.device) -> bool:
+    """Whether candidates are timed (on a GPU) or the first is taken (on the CPU, where the interpreter's
+    times say nothing)."""
+    return device.type == "cuda" and not knobs.interpret()
+
+
+def tune(spec: KernelSpec, configs: Sequence[TileConfig], buffers: dict, device: torch.device) -> Launch:
+    """Best Launch among `configs` for one kernel; `buffers` holds inputs and earlier kernels' results
     and receives this kernel's outputs."""
-    configs = CONFIGS[:1] if device.type != "cuda" or interpreting() else CONFIGS
+    configs = list(configs) if timed(device) else list(configs[:1])
     best, best_ms = None, float("inf")
     seen = set()
     for cfg in configs:
-        src = variants(cfg)
+        src = emit_kernel(spec, cfg)
         key = (src.source, src.num_warps, src.num_stages)    # warps and stages are not in the source
         if key in seen:
             log.debug("autotune %s: config %s gives the same kernel as an earlier one, skipped", src.name, cfg)
@@ -48,7 +57,7 @@ def tune(variants: Callable[[tuple], KernelSource], buffers: dict, device: torch
         if ms < best_ms:
             best, best_ms = la, ms
     if best is None:
-        raise RuntimeError("no kernel configuration ran on this device")
+        raise TuneError("no kernel configuration ran on this device")
     log.debug("autotune %s: chose blocks %s, %d warps, %d stages (%.4f ms)", best.source.name, best.source.blocks,
               best.source.num_warps, best.source.num_stages, best_ms)
     best.ms = best_ms

@@ -10,11 +10,10 @@ the constants, which buffer holds each fused-graph output (by node name), and th
 Files live in FLASHTENSOR_CACHE_DIR/plans (default ~/.cache/flashtensor/plans). Each is written to a
 temporary file in the same folder and renamed into place, so concurrent writers never expose a partial
 entry; a header with the payload's length and SHA-256 catches corrupt or truncated files, which are
-discarded with a CacheWarning and rebuilt. FLASHTENSOR_CACHE=0 turns the cache off.
+discarded with a CacheWarning and rebuilt. FLASHTENSOR_CACHE=0 (knobs.cache) turns the cache off.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import io
@@ -27,9 +26,9 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from ..codegen.emit import Buffer, KernelSource
+from .. import knobs
 from ..ir.graph import Graph
-from .launch import cache_dir, interpreting
+from ..version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +38,6 @@ _HEADER = len(_MAGIC) + 8 + 32      # magic, payload length (8 bytes), payload S
 
 class CacheWarning(UserWarning):
     """A plan cache entry could not be used (corrupt, truncated, unreadable) and is rebuilt."""
-
-
-def enabled() -> bool:
-    return os.environ.get("FLASHTENSOR_CACHE", "1") != "0"
 
 
 def signature(args: Sequence[Any]) -> tuple:
@@ -56,12 +51,11 @@ def versions() -> str:
     """torch, triton and flashtensor versions; flashtensor's includes its source files' hash."""
     import triton
 
-    import flashtensor
     h = hashlib.sha256()
-    root = Path(flashtensor.__file__).parent
+    root = Path(__file__).resolve().parents[1]
     for f in sorted(root.rglob("*.py")):
         h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
-    return f"torch {torch.__version__}, triton {triton.__version__}, flashtensor {flashtensor.__version__}+{h.hexdigest()[:16]}"
+    return f"torch {torch.__version__}, triton {triton.__version__}, flashtensor {__version__}+{h.hexdigest()[:16]}"
 
 
 def _tensor_digest(t: torch.Tensor) -> str:
@@ -69,28 +63,20 @@ def _tensor_digest(t: torch.Tensor) -> str:
     return f"{t.dtype}{list(t.shape)}:" + hashlib.sha256(flat.view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
-def key(graph: Graph, args: Sequence[Any]) -> str:
-    """Hex key of a plan for `graph` (decomposed) called with `args`."""
+def key(graph: Graph, args: Sequence[Any], options: str) -> str:
+    """Hex key of a plan for `graph` (decomposed) called with `args` under `options` (Options.key())."""
     consts = [f"{n.name}.{k}={_tensor_digest(v)}" for n in graph.nodes for k, v in n.attrs.items()
               if isinstance(v, torch.Tensor)]
     devices = sorted({str(a.device) for a in args if isinstance(a, torch.Tensor)})
     names = [torch.cuda.get_device_name(d) for d in devices if d.startswith("cuda")]
-    text = "\n".join([str(graph), *consts, repr(signature(args)), repr(names), f"interpret={interpreting()}", versions()])
+    text = "\n".join([str(graph), *consts, repr(signature(args)), repr(names), f"interpret={knobs.interpret()}", options, versions()])
     return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _path(k: str) -> Path:
-    d = cache_dir() / "plans"
+    d = knobs.cache_dir() / "plans"
     d.mkdir(parents=True, exist_ok=True)
     return d / f"{k}.plan"
-
-
-def encode_kernel(k: KernelSource) -> dict:
-    return dataclasses.asdict(k)
-
-
-def decode_kernel(d: dict) -> KernelSource:
-    return KernelSource(**{**d, "buffers": [Buffer(**b) for b in d["buffers"]]})
 
 
 def store(k: str, entry: dict) -> None:

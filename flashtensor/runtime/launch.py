@@ -7,37 +7,27 @@ import importlib.util
 import os
 import sys
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
-from ..codegen.emit import FINITE, FIXUP_PROGRAMS, KernelSource
+from .. import knobs
+from ..codegen.artifact import FINITE, KernelSource
 
 
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def cache_dir() -> Path:
-    """Where generated sources live; FLASHTENSOR_CACHE_DIR overrides."""
-    d = Path(os.environ.get("FLASHTENSOR_CACHE_DIR", Path.home() / ".cache" / "flashtensor"))
-    (d / "kernels").mkdir(parents=True, exist_ok=True)
-    return d
-
-
-def load_kernel(k: KernelSource):
+def load_kernel(k: KernelSource) -> Any:
     """Import the kernel from a file named by its source hash (Triton's jit reads source from files)."""
     digest = hashlib.sha256(k.source.encode()).hexdigest()[:20]
     mod_name = f"ft_{k.name}_{digest}"
     if mod_name in sys.modules:
         return getattr(sys.modules[mod_name], k.name)
-    path = cache_dir() / "kernels" / f"{mod_name}.py"
+    path = knobs.cache_dir() / "kernels" / f"{mod_name}.py"
     if not path.exists() or path.read_text() != k.source:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(k.source)
         os.replace(tmp, path)
     spec = importlib.util.spec_from_file_location(mod_name, path)
+    assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = mod
     spec.loader.exec_module(mod)
@@ -47,18 +37,18 @@ def load_kernel(k: KernelSource):
 @dataclass
 class Launch:
     source: KernelSource
-    fn: object
+    fn: Any
     ms: float = 0.0          # the tuner's median time on the device (0 where nothing was timed)
 
     def __call__(self, buffers: dict, fixup: bool = False, after_prior: bool = False) -> None:
         """MODE=0: the kernel, each program also checking its piece of the inputs; MODE=1: the fixup pass
-        (codegen.emit.emit_kernel says what both do). `after_prior`: a programmatic dependent launch where
+        (codegen/check.py says what both do). `after_prior`: a programmatic dependent launch where
         the device has them, which may start while the plan's kernel before it on the stream finishes (its
         programs first wait for that kernel's writes): the launch gap between a plan's kernels goes. Only
         the plan's own kernels after its first are launched so; any kernel's wait is a no-op otherwise."""
         args = [buffers[b.source] for b in self.source.buffers]
         (tiles,) = self.source.grid
-        grid = (min(tiles, FIXUP_PROGRAMS),) if fixup else (tiles,)
+        grid = (min(tiles, self.source.fixup_programs),) if fixup else (tiles,)
         pdl = _dependent_launch(args[0].device)     # the code waits, and lets the next kernel launch early
         self.fn[grid](*args, MODE=int(fixup), PDL=pdl, launch_pdl=pdl and after_prior,
                       num_warps=self.source.num_warps, num_stages=self.source.num_stages)
@@ -67,7 +57,7 @@ class Launch:
 @functools.cache
 def _dependent_launch(device: torch.device) -> bool:
     """Programmatic dependent launch needs sm_90 or later (and a real device)."""
-    return device.type == "cuda" and not interpreting() and torch.cuda.get_device_capability(device)[0] >= 9
+    return device.type == "cuda" and not knobs.interpret() and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def input_buffers(inputs: Sequence[torch.Tensor]) -> dict:
@@ -75,7 +65,7 @@ def input_buffers(inputs: Sequence[torch.Tensor]) -> dict:
     return {("in", i): t.contiguous() for i, t in enumerate(inputs)}
 
 
-def allocate(source: KernelSource, buffers: dict, device) -> None:
+def allocate(source: KernelSource, buffers: dict, device: torch.device) -> None:
     """Create the outputs, intermediates and the (zeroed) finite-check flag `source` uses that `buffers`
     does not hold yet."""
     for b in source.buffers:
@@ -85,7 +75,7 @@ def allocate(source: KernelSource, buffers: dict, device) -> None:
             buffers[b.source] = torch.empty(b.shape, dtype=b.dtype, device=device)
 
 
-def run_kernels(launches: Sequence[Launch], inputs: Sequence[torch.Tensor], device) -> dict:
+def run_kernels(launches: Sequence[Launch], inputs: Sequence[torch.Tensor], device: torch.device) -> dict:
     """Allocate intermediates and outputs, launch every kernel, then the fixup pass where the plan has one
     (it returns at once unless an input was not finite); returns all buffers by key."""
     buffers = input_buffers(inputs)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..ir.graph import Builder, Graph, Node
+from ..ir.ops import Op
 
 _COMPUTE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 
@@ -110,7 +111,8 @@ def _linear(b: Builder, n: Node, x: Node, w: Node, bias: Node | None = None) -> 
     return mm if bias is None else b.add("add", (mm, bias), n.shape, n.dtype, n.source)
 
 
+# one rule per composite op (ir.ops.COMPOSITE)
 _RULES = {
-    "softmax": _softmax, "log_softmax": _softmax, "mean": _mean, "norm": _norm, "clamp": _clamp,
-    "masked_fill": _masked_fill, "triu": _tri(False), "tril": _tri(True), "addmm": _addmm, "linear": _linear,
+    Op.SOFTMAX: _softmax, Op.LOG_SOFTMAX: _softmax, Op.MEAN: _mean, Op.NORM: _norm, Op.CLAMP: _clamp,
+    Op.MASKED_FILL: _masked_fill, Op.TRIU: _tri(False), Op.TRIL: _tri(True), Op.ADDMM: _addmm, Op.LINEAR: _linear,
 }

@@ -1,4 +1,4 @@
-"""exp(x) -> exp2(x * log2 e), with the constant folded into x (DESIGN 3.6).
+"""exp(x) -> exp2(x * log2 e), with the constant folded into x (docs/design.md §3.6).
 
 The GPU evaluates exp as ex2(x * log2 e), so a softmax pays one multiply per score for
 the conversion on top of the one that applies the softmax scale. Pushing log2 e down

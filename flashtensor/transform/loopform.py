@@ -1,4 +1,4 @@
-"""Layout normalisation: graph IR -> loop form (DESIGN 3.1).
+"""Layout normalisation: graph IR -> loop form (docs/design.md §3.1).
 
 Every tensor axis gets a loop variable; elementwise ops and matmuls unify the
 variables of matching axes, the way einsum unifies indices. Layout ops only
@@ -12,13 +12,13 @@ through affine index maps.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from ..ir.graph import Graph, Node
 from ..ir.loops import Affine, LNode, LOutput, LoopGraph, NodeTable, Var, loop_topo, var_union
-from ..ir.ops import BINARY, UNARY
+from ..ir.ops import BINARY, UNARY, Op
 
 
 class LoweringError(Exception):
@@ -113,43 +113,41 @@ class _Lowerer:
 
     # --- ops -------------------------------------------------------------------------
     def lower(self, n: Node) -> _LV:
-        a = [self.vals[x] if isinstance(x, Node) else x for x in n.args]
-        op = n.op
-        if op == "input":
-            return self.load(n.attrs["index"], n.shape, n.dtype)
-        if op == "const":
-            self.consts.append(n.attrs["value"])
-            return self.load(len(self.g.inputs) + len(self.consts) - 1, n.shape, n.dtype)
-        if op == "full":
-            return _LV(_mk("scalar", (), n.dtype, value=n.attrs["value"]), self.fresh_axes(n.shape))
-        if op == "iota":
-            axes = self.fresh_axes(n.shape)
-            v = axes[n.attrs["dim"]]
-            expr = Affine.of(v[0]) if v else Affine()
-            return _LV(LNode("iota", (), n.dtype, tuple(v), {"expr": expr}), axes)
-        if op in UNARY or op == "cast":
-            return _LV(_mk(op, (a[0].node,), n.dtype), a[0].axes)
-        if op in BINARY or op == "where":
-            return self.elementwise(n, a)
-        if op == "reduce":
-            return self.reduce(n, a[0])
-        if op == "matmul":
-            return self.matmul(n, a[0], a[1])
-        if op == "permute":
-            return _LV(a[0].node, [a[0].axes[d] for d in n.attrs["dims"]])
-        if op == "reshape":
-            return self.reshape(n, a[0])
-        if op == "expand":
-            x = a[0]
-            off = len(n.shape) - len(x.axes)
-            axes = [[] for _ in range(off)] + [list(ax) for ax in x.axes]
-            for d, size in enumerate(n.shape):
-                if size != 1 and not axes[d]:
-                    axes[d] = [Var(size)]
-            return _LV(x.node, axes)
-        if op in ("select", "slice"):
-            return self.index(n, a[0])
-        raise LoweringError(n, f"op '{op}' has no loop-form lowering")
+        rule = _LOWER.get(n.op)
+        if rule is None:
+            raise LoweringError(n, f"op '{n.op}' has no loop-form lowering")
+        return rule(self, n, [self.vals[x] if isinstance(x, Node) else x for x in n.args])
+
+    def input(self, n: Node, a: list) -> _LV:
+        return self.load(n.attrs["index"], n.shape, n.dtype)
+
+    def const(self, n: Node, a: list) -> _LV:
+        self.consts.append(n.attrs["value"])
+        return self.load(len(self.g.inputs) + len(self.consts) - 1, n.shape, n.dtype)
+
+    def full(self, n: Node, a: list) -> _LV:
+        return _LV(_mk("scalar", (), n.dtype, value=n.attrs["value"]), self.fresh_axes(n.shape))
+
+    def iota(self, n: Node, a: list) -> _LV:
+        axes = self.fresh_axes(n.shape)
+        v = axes[n.attrs["dim"]]
+        expr = Affine.of(v[0]) if v else Affine()
+        return _LV(LNode("iota", (), n.dtype, tuple(v), {"expr": expr}), axes)
+
+    def unary(self, n: Node, a: list) -> _LV:
+        return _LV(_mk(n.op, (a[0].node,), n.dtype), a[0].axes)
+
+    def permute(self, n: Node, a: list) -> _LV:
+        return _LV(a[0].node, [a[0].axes[d] for d in n.attrs["dims"]])
+
+    def expand(self, n: Node, a: list) -> _LV:
+        x = a[0]
+        off = len(n.shape) - len(x.axes)
+        axes = [[] for _ in range(off)] + [list(ax) for ax in x.axes]
+        for d, size in enumerate(n.shape):
+            if size != 1 and not axes[d]:
+                axes[d] = [Var(size)]
+        return _LV(x.node, axes)
 
     def rename_apart(self, ops: list, roles: list[list[object]]) -> list:
         """Give an operand fresh copies of variables that another operand uses in a different role.
@@ -213,7 +211,8 @@ class _Lowerer:
         args = tuple(x.node if isinstance(x, _LV) else x for x in a)
         return _LV(_mk(n.op, args, n.dtype), axes)
 
-    def reduce(self, n: Node, x: _LV) -> _LV:
+    def reduce(self, n: Node, a: list) -> _LV:
+        x = a[0]
         dims = n.attrs["dims"]
         node = x.node
         if node.dtype != n.dtype and n.attrs["kind"] == "sum":
@@ -224,7 +223,8 @@ class _Lowerer:
             axes = [ax for d, ax in enumerate(axes) if d not in dims]
         return _LV(node, axes)
 
-    def matmul(self, n: Node, x: _LV, y: _LV) -> _LV:
+    def matmul(self, n: Node, a: list) -> _LV:
+        x, y = a[0], a[1]
         if len(x.axes) < 2 or len(y.axes) < 2:
             raise LoweringError(n, "matmul with a vector operand")
         batch = len(n.shape) - 2
@@ -248,7 +248,8 @@ class _Lowerer:
         s = _mk("reduce_axes", (prod,), cd, kind="sum", axes=list(x.axes[-1]))
         return _LV(s if cd == n.dtype else _mk("cast", (s,), n.dtype), axes)
 
-    def reshape(self, n: Node, x: _LV) -> _LV:
+    def reshape(self, n: Node, a: list) -> _LV:
+        x = a[0]
         flat = self.s.axis_atoms([v for ax in x.axes for v in ax])
         axes: list[list[Var]] = []
         for size in n.shape:
@@ -273,7 +274,8 @@ class _Lowerer:
             axes.append(ax)
         return _LV(x.node, axes)
 
-    def index(self, n: Node, x: _LV) -> _LV:
+    def index(self, n: Node, a: list) -> _LV:
+        x = a[0]
         """select / slice: substitute the indexed variable(s) and re-derive the producer."""
         d = n.attrs["dim"]
         atoms = self.s.axis_atoms(x.axes[d])
@@ -301,6 +303,17 @@ class _Lowerer:
         else:
             axes[d] = new_axis
         return _LV(node, axes)
+
+
+# how each op of the decomposed graph becomes loop form; what is not here has no fused lowering
+_LOWER: dict[Op, Callable[[_Lowerer, Node, list], _LV]] = {
+    Op.INPUT: _Lowerer.input, Op.CONST: _Lowerer.const, Op.FULL: _Lowerer.full, Op.IOTA: _Lowerer.iota,
+    **{op: _Lowerer.unary for op in UNARY}, Op.CAST: _Lowerer.unary,
+    **{op: _Lowerer.elementwise for op in BINARY}, Op.WHERE: _Lowerer.elementwise,
+    Op.REDUCE: _Lowerer.reduce, Op.MATMUL: _Lowerer.matmul,
+    Op.PERMUTE: _Lowerer.permute, Op.RESHAPE: _Lowerer.reshape, Op.EXPAND: _Lowerer.expand,
+    Op.SELECT: _Lowerer.index, Op.SLICE: _Lowerer.index,
+}
 
 
 class Rebuilder:

@@ -5,15 +5,17 @@ import functools
 import threading
 from typing import Any, Callable, Sequence
 
-from ..pipeline import Program, build
-from .cache import signature
+from ..driver import build
+from ..options import Options
+from ..runtime.cache import signature
+from ..runtime.plan import Program
 
 
 class Compiled:
     """Wraps `fn`; the first call for each signature captures and plans (or loads the plan from the
     on-disk cache), later calls reuse that plan."""
 
-    def __init__(self, fn: Callable, **options: Any) -> None:
+    def __init__(self, fn: Callable, options: Options) -> None:
         self.fn = fn
         self.options = options
         self.programs: dict[tuple, Program] = {}
@@ -25,7 +27,7 @@ class Compiled:
         with self._lock:
             prog = self.programs.get(key)
             if prog is None:
-                prog = build(self.fn, list(args), **self.options)
+                prog = build(self.fn, list(args), self.options)
                 self.programs[key] = prog
         return prog
 
@@ -34,6 +36,7 @@ class Compiled:
 
 
 def compile(fn: Callable, **options: Any) -> Compiled:
-    """Return a callable equivalent to `fn` that runs FlashTensor's fused kernels where it can.
-    `cache=False` keeps this callable off the on-disk plan cache (see runtime/cache.py)."""
-    return Compiled(fn, **options)
+    """Return a callable equivalent to `fn` that runs FlashTensor's fused kernels where it can. Keyword
+    arguments are fields of `flashtensor.options.Options` (for example `cache=False`, which keeps this
+    callable off the on-disk plan cache)."""
+    return Compiled(fn, Options.make(**options))

@@ -6,7 +6,8 @@ from typing import Any, Callable
 
 import torch
 
-from ..pipeline import Program
+from ..options import Options
+from ..runtime.plan import Plan
 from .compiled import Compiled
 
 
@@ -22,7 +23,7 @@ class TensorInfo:
 class KernelInfo:
     name: str
     triton_source: str
-    grid: tuple[int, int]
+    grid: tuple[int]
     inputs: list[TensorInfo]
     outputs: list[TensorInfo]
     num_warps: int
@@ -40,37 +41,25 @@ class KernelProperties:
 
 
 class Report:
-    def __init__(self, program: Program) -> None:
-        self.program = program
+    """What the compiler found and generated for one call signature (from a fresh search or the plan cache)."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
         self.kernels: list[KernelInfo] = []
-        self.properties: list[KernelProperties] = []
-        for k in program.kernels:
+        for k in plan.kernels:
             ins, outs = [], []
             for b in k.buffers:
                 info = TensorInfo(b.name, b.shape, b.dtype, b.kind)
                 (outs if b.written else ins).append(info)
             self.kernels.append(KernelInfo(k.name, k.source, k.grid, ins, outs, k.num_warps, k.num_stages, k.blocks))
-        for k, s in zip(program.kernels, program.schedules):
-            carried = []
-            for a in s.accums.values():
-                how = [f"{a.kind} over {s.loop} (pass {a.pass_ + 1})"]
-                if a.rescale:
-                    how.append("rescaled by running max " + ", ".join(d.name for d, _ in a.rescale))
-                if a.pulled:
-                    how.append(f"{len(a.pulled)} loop-invariant factor(s) moved out of the sum")
-                if s.stops_early(a.pass_):
-                    how.append("the loop stops once every one is true")
-                carried.append(f"{a.node.name}: " + "; ".join(how))
-            self.properties.append(KernelProperties(
-                k.name, s.roles.describe() + [f"{v}<{v.extent}>: batch (one program per value and row tile)" for v in s.batch],
-                f"loop over {s.loop} in {s.passes} pass(es): " + ("; ".join(carried) or "no reductions"),
-                [f"{h} >= 0" for h in s.skip], [f"{h} >= 0" for h in s.special]))
+        self.properties = [KernelProperties(k.name, **props)
+                           for k, props in zip(plan.kernels, plan.summary.get("properties", []))]
 
     def __str__(self) -> str:
-        p = self.program
+        p = self.plan
         parts = ["== captured graph ==", str(p.captured), "", "== decomposed graph ==", str(p.decomposed)]
-        if p.loops is not None:
-            parts += ["", "== loop form ==", str(p.loops)]
+        if "loop form" in p.summary:
+            parts += ["", "== loop form ==", p.summary["loop form"]]
         for k, src, props in zip(self.kernels, p.kernels, self.properties):
             parts += ["", f"== kernel {k.name}: grid {k.grid}, {src.config} =="]
             parts += ["roles:"] + [f"  {r}" for r in props.roles]
@@ -88,10 +77,6 @@ class Report:
 
 def explain(fn: Callable, *args: Any) -> Report:
     """Compile `fn` (a function or an `ft.compile` result) for `args` and describe the result (graphs,
-    properties, plan, kernels). It always plans from scratch and bypasses the plan cache (no read, no
-    write): a cached plan holds only what launching needs, not the loop form and schedules shown here."""
-    if isinstance(fn, Compiled):
-        fn = Compiled(fn.fn, **{**fn.options, "cache": False})
-    else:
-        fn = Compiled(fn, cache=False)
-    return Report(fn.program_for(args))
+    properties, plan, kernels). A plan in the on-disk cache is described as it was searched."""
+    compiled = fn if isinstance(fn, Compiled) else Compiled(fn, Options())
+    return Report(compiled.program_for(args).plan)

@@ -1,5 +1,5 @@
 """Tile schedule of one kernel: grid, loop and in-tile variables, where each node is computed,
-and how the loop's reductions are carried (DESIGN 3.2, 3.3, 3.5).
+and how the loop's reductions are carried (docs/design.md §3.2, §3.3, §3.5).
 
 A reduction over the loop variable that reads another one is carried online when a rule
 applies: a factor that does not vary along the loop moves out of the sum, and a factor
@@ -12,6 +12,7 @@ get a body with the constants in place, so what only feeds them is never compute
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
@@ -21,6 +22,9 @@ from ..analysis.facts import IDENTITY, Facts, negate
 from ..analysis.roles import Roles, kernel_nodes, reduction_deps, roles
 from ..ir.loops import Affine, LNode, Var, rounds_input
 from ..partition.plan import KernelPlan
+from .online import ONLINE_RULES, Site
+
+log = logging.getLogger(__name__)
 
 MAX_WHOLE = 256           # largest extent held whole in a tile
 Factor = tuple[Union[LNode, float, int], int]   # (value, power +1 / -1)
@@ -229,6 +233,7 @@ def _carry(sched: Schedule, compute: list[LNode], boundary: frozenset[LNode], lo
     red_set = set(reds)
     deps = reduction_deps(compute, loop, boundary)
     memo: dict = {}
+    site = Site(loop, red_set, lambda f: _reaches(f, red_set, boundary, memo))
     later: dict[LNode, set[LNode]] = {r: set() for r in reds}   # deps that need an earlier pass
     for r in reds:
         acc = Accum(r, r.attrs["kind"])
@@ -238,19 +243,16 @@ def _carry(sched: Schedule, compute: list[LNode], boundary: frozenset[LNode], lo
             acc.kept = [(r.args[0], 1)]
             continue
         for f, p in factorize(r.args[0], atoms=boundary):
-            touched = _reaches(f, red_set, boundary, memo)
-            if not touched:
+            carry = next((c for rule in ONLINE_RULES if (c := rule(f, p, site)) is not None), None)
+            if carry is None:             # no rule carries it: it waits for a later pass
                 acc.kept.append((f, p))
-            elif loop not in f.vars:
+                later[r] |= site.touched(f)
+            elif carry.pulled:
                 acc.pulled.append((f, p))
-            elif (f.op in ("exp", "exp2") and isinstance(f.args[0], LNode) and f.args[0].op == "sub"
-                  and f.args[0].args[1] in red_set and f.args[0].args[1].attrs["kind"] == "max"
-                  and not _reaches(f.args[0].args[0], red_set, boundary, memo) and p == 1):
-                acc.kept.append((f, p))
-                acc.rescale.append((f.args[0].args[1], f.op))
             else:
                 acc.kept.append((f, p))
-                later[r] |= touched
+                if carry.rescale:
+                    acc.rescale.append(carry.rescale)
         if r in sched.dots:
             split = _dot_split(acc.kept, sched.tile_vars(r.args[0]), loop)
             if split is None:
@@ -300,3 +302,14 @@ def _special(sched: Schedule, compute: list[LNode], loop: Var, allowed: set) -> 
                 if h is not None and loop in h.vars and set(h.vars) <= allowed and h not in known:
                     count[h] = count.get(h, 0) + 1
     return [max(count, key=lambda h: (count[h], str(h)))] if count else []
+
+
+def schedulable(plan: KernelPlan) -> Optional[str]:
+    """The partition search's test for a merge: None if the merged kernel can be scheduled, else why not."""
+    try:
+        build_schedule(plan)
+    except ScheduleError as e:
+        log.debug("merge rejected (stores %s): %s", plan.roots, e)
+        return str(e)
+    log.debug("merge accepted: stores %s", plan.roots)
+    return None

@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 import torch
 from torch._dynamo.backends import registry
 
-from .runtime.compiled import compile as ft_compile
+from .compiled import compile as ft_compile
 
 NAME = "flashtensor"
 

@@ -1,0 +1,1 @@
+"""Properties of loop-form values: value facts, dimension roles, precision policy."""

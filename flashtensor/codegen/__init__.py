@@ -1,0 +1,1 @@
+"""Triton source from a schedule, and the kernel artifact the runtime launches."""

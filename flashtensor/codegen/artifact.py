@@ -1,0 +1,60 @@
+"""The kernel artifact: what code generation hands the runtime and the plan cache stores.
+
+A `KernelSource` is plain data (Triton source text, launch grid and configuration, and the
+buffers its arguments are, in order), so a plan read back from disk launches exactly what was
+planned, with no compiler stage in between.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+FINITE = ("finite",)   # buffer key of the finite-check flag: zeroed per call, NaN once a check finds a non-finite input
+HELPERS_MODULE = "flashtensor.codegen.triton_helpers"   # what every generated kernel imports its helpers from
+
+
+@dataclass
+class Buffer:
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    kind: str                  # input | output | intermediate
+    source: Any = None         # ("in", program input index), an LOutput or LNode while planning; a plain key once planned
+    written: bool = False      # the kernel stores into it
+
+
+@dataclass
+class KernelSource:
+    name: str
+    source: str
+    buffers: list[Buffer]
+    grid: tuple[int]
+    num_warps: int
+    num_stages: int
+    blocks: dict[str, int] = field(default_factory=dict)
+    assumes_finite: bool = False   # it skips tiles by value facts that hold for finite inputs
+    fixup: bool = False            # relaunched with MODE=1 after the plan: recomputes unless the check passed
+    fixup_programs: int = 264      # programs of that fixup pass
+
+    @property
+    def config(self) -> str:
+        """The tuned configuration in words (the tuner's progress line, explain's report)."""
+        return f"blocks {self.blocks}, {self.num_warps} warps, {self.num_stages} stages"
+
+
+def encode_kernel(k: KernelSource) -> dict:
+    """Plain data (the plan cache loads it with torch.load(weights_only=True))."""
+    return dataclasses.asdict(k)
+
+
+def decode_kernel(d: dict) -> KernelSource:
+    return KernelSource(**{**d, "buffers": [Buffer(**b) for b in d["buffers"]]})
+
+
+def with_plain_keys(kernels: list[KernelSource], key: Callable[[Any], tuple]) -> list[KernelSource]:
+    """The kernels with every buffer's planning-time source (an LOutput or LNode) replaced by key(source)."""
+    return [dataclasses.replace(k, buffers=[dataclasses.replace(b, source=key(b.source)) for b in k.buffers])
+            for k in kernels]

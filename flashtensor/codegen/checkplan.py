@@ -1,0 +1,60 @@
+"""Which kernel of a plan checks which input for the finite check (codegen/check.py says what it does).
+
+Every floating input is checked once: by the first kernel whose tiles read it whole (`tile_checks`), or
+else in equal parts, kernel k's programs checking pieces of the k-th; an input a log, a square root or a
+division reads must also lie in that op's domain (analysis.facts.input_domains). A plan needs the check
+only where some kernel skips or constant-folds tiles by value facts.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+
+from ..analysis.facts import input_domains
+from ..ir.loops import LNode, LoopGraph
+from ..schedule.schedule import Schedule
+from .spec import CheckPlan
+
+
+def plan_checks(loops: LoopGraph, schedules: list[Schedule], narrowed: Mapping[int, torch.dtype]) -> list[CheckPlan]:
+    """Each kernel's share of the check, in plan order."""
+    domains = input_domains(loops)
+    check = {i: domains.get(i) for i, (_, dt) in enumerate(loops.inputs) if dt.is_floating_point}
+    slots = len(schedules) if check and any(s.skip or s.special for s in schedules) else 0
+    reads = [tile_checks(s, loops.inputs) for s in schedules] if slots else []
+    tiled: list[dict] = [{} for _ in schedules]
+    flat = {}
+    for i, dom in check.items():
+        k = next((k for k, r in enumerate(reads) if i in r), None)
+        if k is None:
+            flat[i] = dom
+        else:
+            tiled[k][i] = (reads[k][i], dom)
+    ftz = frozenset(i for i, dom in check.items() if dom == "positive") if slots else frozenset()
+    return [CheckPlan(slots, k, flat, tiled[k], ftz, narrowed) for k in range(len(schedules))]
+
+
+def tile_checks(s: Schedule, inputs: list) -> dict[int, LNode]:
+    """Inputs this kernel's tiles read whole, each with the load that does: every grid variable indexes
+    it and the load's variables map one to one onto its elements, so the programs' tiles cover it without
+    overlap. A load over the loop variable counts where the loop visits its tiles in order (no early
+    stop); the check reads the tiles the loop skips (see check.program_check)."""
+    grid = set(s.batch) | ({s.row} if s.row is not None else set())
+    free = grid | set(s.whole) | ({s.loop} if s.loop is not None else set())
+    early = s.loop is not None and any(s.stops_early(p) for p in range(s.passes))
+    out: dict[int, LNode] = {}
+    for n in s.nodes:
+        if n.op != "load" or n in s.boundary or n.attrs["input"] in out:
+            continue
+        vs = []
+        for e, size in zip(n.attrs["index"], inputs[n.attrs["input"]][0]):
+            if e.terms == () and e.const == 0 and size == 1:
+                continue
+            if len(e.terms) != 1 or e.terms[0][1] != 1 or e.const != 0 or e.terms[0][0].extent != size:
+                break
+            vs.append(e.terms[0][0])
+        else:
+            if vs and len(set(vs)) == len(vs) and grid <= set(vs) <= free and not (s.loop in vs and early):
+                out[n.attrs["input"]] = n
+    return out

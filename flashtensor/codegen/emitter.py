@@ -1,0 +1,261 @@
+"""The kernel emitter's core: names, tiles and broadcasting, buffers, and the Triton expression of every value.
+
+Every tile is a Triton tensor over its variables in the schedule's canonical order (grid-tiled row,
+loop, whole); batch variables are scalars taken from the program id. Float math runs in float32;
+contraction operands stay in half precision when an operand is. The emitter prints what the earlier
+stages decided; the local forms it may print instead of an op as written are a list in forms.py, the
+finite check's lines are check.py's, the loop's structure loop.py's.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from ..analysis.facts import IDENTITY, exact_sum
+from ..ir.loops import LNode, LOutput, Var, read_input
+from ..schedule.schedule import ScheduleError
+from . import check, forms
+from .body import Body
+from .lower import BINARY, HALF, NAN_REDUCE, TL, UNARY, contig, lit, round_to
+from .tiles import Tiles
+
+
+class Emitter(Tiles):
+    """Prints every value of a kernel as Triton; `Tiles` holds the kernel's state."""
+
+    def value(self, n: LNode, ctx: "Body") -> tuple[str, list[Var]]:
+        """Triton expression (a variable name) for node n, emitting its code where it belongs."""
+        hit = ctx.lookup(n) if ctx else None
+        if hit is None:
+            hit = self.cache_pre.get(id(n))
+        if hit is not None:
+            return hit
+        if n.op == "reduce" and n in self.s.accums:
+            if ctx is not None and ctx.pass_ == self.s.accums[n].pass_:
+                return ctx.running[n], self.tvars(n)
+            return self.finals[n], self.tvars(n)
+        home = self.home(n)
+        if home == "pre":
+            lines, store = self.pre, self.cache_pre
+        else:
+            lines, store = ctx.lines, ctx.cache
+        const = self.s.constant_on(n, ctx.region) if (ctx is not None and ctx.region) else None
+        if const is not None:
+            res = (lit(const), [])
+        else:
+            res = self.compute(n, ctx if home != "pre" else None, lines)
+        store[id(n)] = res
+        return res
+
+    def arg(self, a, tv: list[Var], ctx) -> str:
+        if not isinstance(a, LNode):
+            return lit(float(a) if isinstance(a, float) else a)
+        e, have = self.value(a, ctx)
+        return self.bcast(e, have, tv)
+
+    def compute(self, n: LNode, ctx, lines: list[str]) -> tuple[str, list[Var]]:
+        tv = self.tvars(n)
+        out = self.fresh("x")
+        op = n.op
+        if n in self.s.boundary:
+            return self.load_intermediate(n, out, lines), tv
+        if op == "load":
+            shape, dtype = self.inputs[n.attrs["input"]]
+            buf = self.buffer(("in", n.attrs["input"]), shape, dtype, "input")
+            strides = contig(shape)
+            off = " + ".join(f"{self.affine(e, tv)} * {st}" for e, st in zip(n.attrs["index"], strides)) or "0"
+            mask = self.range_mask(tv)
+            lines.append(f"{out}_raw = tl.load({buf} + {off}" + (f", mask={mask}, other=0)" if mask else ")"))
+            if self.checks.get(n.attrs["input"], (None,))[0] is n:
+                added = check.check_add(self, n.attrs["input"], f"{out}_raw", tv, mask)
+                lines += added
+                if ctx is not None and not self.check_whole:
+                    ctx.checked[id(n)] = (added[0], mask)
+            if dtype in HALF:
+                lines.append(f"{out} = {out}_raw.to(tl.float32)")
+                self.raw[id(n)] = f"{out}_raw"
+            else:
+                lines.append(f"{out} = {out}_raw")
+            return out, tv
+        if op == "iota":
+            lines.append(f"{out} = {self.affine(n.attrs['expr'], tv)}")
+            return out, tv
+        if op == "scalar":
+            return lit(n.attrs["value"]), []
+        if op == "cast":
+            e = self.arg(n.args[0], tv, ctx)
+            if n.dtype.is_floating_point and n.args[0].dtype.is_floating_point:
+                r = self.rounded(n, e)
+                if r == e:
+                    return e, tv
+                lines.append(f"{out} = {r}")
+                return out, tv
+            lines.append(f"{out} = {e}.to({TL[n.dtype if n.dtype not in HALF else torch.float32]})")
+            return out, tv
+        if op == "where":
+            known = self.s.constant_on(n.args[0], ctx.region) if ctx is not None and ctx.region and \
+                isinstance(n.args[0], LNode) else None
+            if isinstance(known, bool):     # the condition is constant on these tiles: the branch it picks
+                lines.append(f"{out} = {self.arg(n.args[1 if known else 2], tv, ctx)}")
+                return out, tv
+            c, a, b = (self.arg(x, tv, ctx) for x in n.args)
+            lines.append(f"{out} = tl.where({c}, {a}, {b})")
+            return out, tv
+        if op == "log2_approx" and read_input(n.args[0]) in self.ftz:
+            # the first pass runs only on inputs the check finds positive normal: flushing subnormals is exact
+            lines.append(f"{out} = _log2_approx({self.arg(n.args[0], tv, ctx)}, MODE == 0)")
+            check.check_by_log(self, n, out, tv, ctx, lines)
+            return out, tv
+        if op in UNARY:
+            lines.append(f"{out} = " + self.rounded(n, UNARY[op].format(self.arg(n.args[0], tv, ctx))))
+            return out, tv
+        for form in forms.FORMS:       # local forms cheaper than the op as written (codegen/forms.py)
+            if (e := form(self, n, tv, ctx, lines)) is not None:
+                lines.append(f"{out} = {e}")
+                return out, tv
+        if op in BINARY:
+            expr = BINARY[op].format(self.arg(n.args[0], tv, ctx), self.arg(n.args[1], tv, ctx))
+            lines.append(f"{out} = " + (expr if exact_sum(n) else self.rounded(n, expr)))
+            return out, tv
+        if op == "reduce":
+            return self.tile_reduce(n, ctx, lines, out)
+        raise ScheduleError(f"no Triton lowering for op '{op}'")
+
+    def full(self, e: str, xs, tv: list[Var], ctx: "Body") -> str:
+        """`e`, computed from the values xs, as a tile over all of tv: constants in place of values that
+        vary along tv (a constant-folded body) would otherwise leave it without those axes."""
+        have = {v for x in xs for v in self.varies(x, ctx.region)}
+        if have >= set(tv):
+            return e
+        shape = ", ".join(str(self.blk[v]) for v in tv)
+        return f"(tl.zeros([{shape}], tl.float32) + {e})"
+
+    def varies(self, x, region: frozenset) -> set:
+        """The variables x's value varies along on tiles where `region` holds (its facts' constants do not)."""
+        if not isinstance(x, LNode) or x.op == "scalar" or (region and self.s.constant_on(x, region) is not None):
+            return set()
+        if x.op in ("load", "iota") or x in self.s.boundary or (x.op == "reduce" and x in self.s.accums):
+            return set(self.tvars(x))
+        return set(self.tvars(x)) & {v for a in x.args for v in self.varies(a, region)}
+
+    def tile_reduce(self, n: LNode, ctx, lines, out) -> tuple[str, list[Var]]:
+        """A reduction over a variable held whole in the tile (no loop)."""
+        v, kind = n.attrs["var"], n.attrs["kind"]
+        tv = self.tvars(n)
+        if n in self.s.dots:
+            a, b, k = self.s.dots[n]
+            lines.append(f"{out} = tl.dot({self.operand(a, n, True, ctx, lines)}, {self.operand(b, n, False, ctx, lines)}{self.dot_prec(a + b)})")
+            return out, tv
+        x = n.args[0]
+        xt = self.tvars(x)
+        e = self.arg(x, xt, ctx)
+        if self.blk[v] != v.extent:
+            e = f"tl.where({self.idx(v, xt)} < {v.extent}, {e}, {lit(IDENTITY[kind]) if kind != 'any' else '0'})"
+        if kind == "any":
+            lines.append(f"{out} = tl.max(({e} != 0).to(tl.int32), axis={xt.index(v)}) != 0")
+        elif kind == "sum":
+            lines.append(f"{out} = tl.sum({e}, axis={xt.index(v)})")
+        else:
+            lines.append(f"{out} = {self.extreme(n, kind, e, xt.index(v))}")
+        return out, tv
+
+    def dot_prec(self, factors) -> str:
+        return "" if self.half(factors) else ', input_precision="ieee"'
+
+    def half(self, factors) -> Optional[torch.dtype]:
+        """Operand precision of a contraction: the half type of any operand, else float32.
+        Triton's CPU interpreter computes bf16 dots wrongly, so there they run in float32."""
+        bf16_ok = not self.spec.interpret
+        for f, _ in factors:
+            dt = f.dtype if isinstance(f, LNode) else None
+            if isinstance(f, LNode) and f.op == "load":
+                dt = self.inputs[f.attrs["input"]][1]
+            if dt == torch.float16 or (dt == torch.bfloat16 and bf16_ok):
+                return dt
+        return None
+
+    def operand(self, factors, red: LNode, is_a: bool, ctx, lines, mask_loop: bool = False) -> str:
+        """Product of factors as a 2-D dot operand: [M, K] for A, [K, N] for B."""
+        a, b, k = self.s.dots[red]
+        tv = self.tvars(red)          # (M, N) in canonical order
+        m_or_n = tv[0] if is_a else tv[1]
+        want = [m_or_n, k] if is_a else [k, m_or_n]
+        canon = [v for v in self.s.order if v in want]
+        prec = self.half(a + b)
+        if len(factors) == 1 and isinstance(factors[0][0], LNode) and factors[0][1] == 1 and prec \
+                and factors[0][0].op == "load" and not mask_loop:
+            self.value(factors[0][0], ctx)
+            raw = self.raw.get(id(factors[0][0]))
+            have = self.tvars(factors[0][0])
+            expr = self.bcast(raw, have, canon) if raw and len(have) == 2 else None
+        else:
+            expr = None
+        if expr is None:
+            expr = self.product(factors, canon, ctx, lines)
+            if mask_loop or (self.blk[k] != k.extent and k is not self.s.loop):
+                expr = f"tl.where({self.idx(k, canon)} < {k.extent}, {expr}, 0.0)"
+            if prec:
+                expr = f"({expr}).to({TL[prec]})"
+            elif any(isinstance(f, LNode) and f.dtype == torch.bfloat16 for f, _ in a + b):
+                expr = round_to(torch.bfloat16, expr)   # interpreter: bf16 operands, rounded as on the GPU
+        var = self.fresh("op")
+        shape = ", ".join(str(self.blk[v]) for v in canon)
+        lines.append(f"{var} = tl.broadcast_to({expr}, ({shape}))")
+        return var if canon == want else f"tl.trans({var})"
+
+    def extreme(self, n: LNode, kind: str, e: str, axis: int) -> str:
+        """max/min of tile e along axis for reduction n: the GPU's fast, NaN-skipping one where
+        analysis.facts.nan_absorbing_maxima allows it, else one that propagates NaN as torch does."""
+        return f"tl.{kind}({e}, axis={axis})" if n in self.nan_free else f"tl.reduce({e}, {axis}, {NAN_REDUCE[kind]})"
+
+    def store(self, r: LNode, out: Optional[LOutput], ctx: "Body") -> None:
+        """Write root r to its program output, or to an intermediate buffer for later kernels."""
+        tv = self.tvars(r)
+        e, have = self.value(r, ctx)
+        e = self.bcast(e, have, tv)
+        if out is None:
+            buf, strides = self.intermediate(r, written=True)
+        else:
+            buf = self.buffer(out, out.shape, out.dtype, "output", written=True)
+            strides = {}
+            for d, st in zip(out.dims, contig(out.shape)):
+                inner = st
+                for v in reversed(d):
+                    strides[v] = inner
+                    inner *= v.extent
+            if set(strides) != set(r.vars):
+                raise ScheduleError("an output is broadcast along a variable its value does not depend on")
+        dtype = self.bufs[r if out is None else out].dtype
+        off = " + ".join(f"{self.idx(v, tv)} * {strides[v]}" for v in r.vars) or "0"
+        mask = self.range_mask(tv)
+        val = e if tv or e.isidentifier() else f"tl.full([], {e}, tl.float32)"
+        val = f"{val}.to({TL[dtype]})"
+        if tv:
+            shape = ", ".join(str(self.blk[v]) for v in tv)
+            val = f"tl.broadcast_to({val}, ({shape}))"
+        ctx.lines.append(f"tl.store({buf} + {off}, {val}" + (f", mask={mask})" if mask else ")"))
+
+    def product(self, factors, tv: list[Var], ctx, lines: list[str]) -> str:
+        """Product of factors over tile tv. A divisor over fewer variables than the tile is inverted once
+        per element of its own tile and multiplied in: a division per tile element costs far more."""
+        factors = list(factors)
+        num = []
+        for i, (d, p) in enumerate(factors):
+            for j, (e, q) in enumerate(factors):
+                if p < 0 and q > 0 and (folded := forms.exp_over(self, e, d, tv, ctx, lines)) is not None:
+                    num.append(folded)
+                    factors[i] = factors[j] = (1.0, 0)
+                    break
+        num += [self.arg(f, tv, ctx) for f, p in factors if p > 0]
+        den = []
+        for f, p in factors:
+            if p >= 0:
+                continue
+            if len(self.tvars(f) if isinstance(f, LNode) else []) < len(tv):
+                num.append(forms.reciprocal(self, f, tv, ctx, lines))
+            else:
+                den.append(self.arg(f, tv, ctx))
+        e = " * ".join(num) if num else "1.0"
+        return e + "".join(f" / {d}" for d in den)

@@ -1,0 +1,104 @@
+"""Triton source for one scheduled kernel: the passes of its loop, the stores, and the program's modes."""
+from __future__ import annotations
+
+import math
+
+from ..analysis.facts import IDENTITY
+from ..ir.loops import Var
+from ..options import TileConfig
+from ..schedule.schedule import ScheduleError
+from . import check, loop
+from .artifact import HELPERS_MODULE, KernelSource
+from .body import Body
+from .emitter import Emitter
+from .lower import lit
+from .spec import KernelSpec
+
+# what generated kernels call from codegen/triton_helpers.py
+HELPERS = ("_after_prior", "_log2_approx", "_max_nan", "_min_nan", "_round_bf16", "_scale_f16", "_with_check")
+
+
+def emit_kernel(spec: KernelSpec, cfg: TileConfig) -> KernelSource:
+    """Triton source for `spec` at tile configuration `cfg`. With a finite check (spec.check, see check.py)
+    the kernel takes MODE=0 for the plan's first pass and MODE=1 for the fixup pass."""
+    em = Emitter(spec, cfg)
+    s = spec.schedule
+    c = spec.check
+    folded = spec.folded
+    body: list[str] = []
+    final_cache: dict[int, tuple[str, list[Var]]] = {}
+    segments = loop.segments(em) if s.loop is not None else []
+    for p in range(s.passes if s.loop is not None else 0):
+        accs = [a for a in s.accums.values() if a.pass_ == p]
+        running = {a.node: f"acc_{a.node.name}" for a in accs}
+        for a in accs:
+            shape = ", ".join(str(em.blk[v]) for v in em.tvars(a.node))
+            init = lit(IDENTITY[a.kind]) if a.kind != "any" else "0"
+            dt = "tl.int32" if a.kind == "any" else "tl.float32"
+            body.append(f"acc_{a.node.name} = tl.full([{shape}], {init}, {dt})" if shape else f"acc_{a.node.name} = {init}")
+        early = s.stops_early(p)
+        if early:   # tiles that can set an `any` first, the constant-folded ones (mostly false) last
+            segments = sorted(segments, key=lambda seg: bool(seg[2] & set(s.special)))
+            body.append(f"more = {loop.unsettled(em, accs)}")
+        for lo, hi, region, bounds in segments:
+            ctx = Body(p, region, bounds, {**em.cache_pre, **final_cache})
+            loop.loop_body(em, ctx, accs, running)
+            for n, _ in em.checks.values():     # a checked load these tiles do not otherwise need
+                if s.loop in n.vars and ctx.lookup(n) is None:
+                    ctx.cache[id(n)] = em.compute(n, ctx, ctx.lines)
+            if early:
+                ctx.lines += [f"more = {loop.unsettled(em, accs)}", f"l0 += {em.blk[s.loop]}"]
+                body += [f"l0 = {lo} + tl.zeros([], tl.int32)", f"while (l0 < {hi}) & more:"]
+            else:
+                # tl.range with explicit stages: Triton then also pipelines the loop's loads that feed no dot.
+                # A loop that runs starts at a multiple of the block (see _segments); said so, Triton loads a
+                # tile contiguous along the loop variable (KeyFormer's noise) in 16-byte pieces, not 4
+                body.append(f"for l0 in tl.range(tl.multiple_of({lo}, {em.blk[s.loop]}), {hi}, {em.blk[s.loop]}, "
+                            f"num_stages={cfg.num_stages}):")
+            body.append(f"    o_{s.loop} = l0 + tl.arange(0, {em.blk[s.loop]})")
+            body += ["    " + ln for ln in ctx.lines]
+        post = Body(p + 1, frozenset(), False, {**em.cache_pre, **final_cache})
+        for a in accs:
+            e = f"acc_{a.node.name}"
+            if a.kind == "any":
+                e = f"({e} != 0)"
+            tv = em.tvars(a.node)
+            for f, pw in a.pulled:
+                fe = em.arg(f, tv, post)
+                e = f"{e} * {fe}" if pw > 0 else f"{e} / {fe}"
+            em.finals[a.node] = f"red_{a.node.name}"
+            post.lines.append(f"red_{a.node.name} = {e}")
+        body += post.lines
+        final_cache.update(post.cache)
+    if s.loop is None and s.accums:
+        raise ScheduleError("reductions without a loop variable")
+    store_ctx = Body(s.passes, frozenset(), False, {**em.cache_pre, **final_cache})
+    for r in s.plan.roots:
+        for out in spec.outputs.get(r, [None]):      # one node may be several program outputs
+            em.store(r, out, store_ctx)
+        if r in spec.outputs and r in spec.loaded_later:   # a program output another kernel also reads
+            em.store(r, None, store_ctx)
+    for (m, d), f in folded.items():
+        if m in s.plan.roots and d in s.plan.roots:
+            em.store(f, None, store_ctx)
+    body += store_ctx.lines
+    grid1 = math.prod(v.extent for v in s.batch)
+    ntiles = -(-s.row.extent // em.blk[s.row]) if s.row is not None else 1
+    tiles = ntiles * grid1
+    for n, _ in em.checks.values():
+        if s.loop not in n.vars and id(n) not in em.cache_pre:
+            em.value(n, None)
+    tile = loop.placement(em, ntiles, grid1) + [f"o_{v} = tl.arange(0, {em.blk[v]})" for v in s.whole] + \
+        [check.check_acc(em, i)[0] for i in em.checks] + em.pre + body
+    checked = tile + (check.program_check(em, c.slots, dict(c.flat), c.part, tiles, cfg.num_stages)
+                      if c.slots and (c.flat or em.checks) else [])
+    prog = check.modes(em, c.slots, tiles, tile, checked)
+    buffers = list(em.bufs.values())
+    head = [f"def {spec.name}({', '.join(b.name for b in buffers)}, MODE: tl.constexpr, PDL: tl.constexpr):",
+            "    if PDL:", "        _after_prior()"]
+    lines = head + ["    " + ln for ln in prog]
+    src = "import triton\nimport triton.language as tl\n\n" + \
+        f"from {HELPERS_MODULE} import {', '.join(HELPERS)}\n\n\n@triton.jit\n" + "\n".join(lines) + "\n"
+    blocks = {str(v): em.blk[v] for v in em.blk}
+    return KernelSource(spec.name, src, buffers, (tiles,), cfg.num_warps, cfg.num_stages, blocks,
+                        bool(s.skip or s.special), c.slots > 0, spec.fixup_programs)

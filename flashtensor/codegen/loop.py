@@ -1,0 +1,177 @@
+"""The loop's structure in a kernel: its segments, one tile step of every accumulator, and the program's place.
+
+The loop over the loop variable runs in segments (a predicated head, the unpredicated bulk, a predicated
+tail, and tiles with a constant-folded body); skipped tiles are left out. One step updates the running
+maxima first, then every accumulator of the pass, rescaled where a running max moved.
+"""
+from __future__ import annotations
+
+from ..analysis.facts import IDENTITY
+from ..ir.loops import Affine, LNode
+from ..schedule.schedule import Accum, ScheduleError
+from . import check, forms
+from .body import Body
+from .tiles import Tiles
+from .lower import lit
+
+
+
+def segments(em: Tiles) -> list[tuple[str, str, frozenset, bool]]:
+    """Loop ranges in order, each with the half-planes that hold on all its tiles and whether it needs
+    bounds tests: a predicated head, the bulk (wholly outside every skipped and special half-plane), a
+    predicated tail, and the tiles wholly inside the special half-plane before the head or after the
+    tail. Skipped tiles are left out. Every range that is not empty starts at a multiple of the loop block
+    (an empty one may start at hi)."""
+    s, L = em.s, em.s.loop
+    bl = em.blk[L]
+    lo, hi = ["0"], [str(L.extent)]
+    ulo, uhi = ["0"], [str((L.extent // bl) * bl)]
+    for h in s.skip + s.special:
+        cl, kmin, kmax = _span(em, h)
+        if cl > 0:
+            if h in s.skip:
+                hi.append(f"(tl.maximum(-{kmin}, 0) + {cl - 1}) // {cl}")
+            uhi.append(f"((tl.maximum(-{kmax}, 0) + {cl - 1}) // {cl}) // {bl} * {bl}")
+        else:
+            d = -cl
+            if h in s.skip:
+                lo.append(f"(tl.maximum({kmin} + {d}, 0) // {d}) // {bl} * {bl}")
+            ulo.append(f"((tl.maximum({kmax} + {d}, 0) // {d}) + {bl - 1}) // {bl} * {bl}")
+    if s.skip or s.special:
+        # skipping and constant folding rely on finite inputs (x + -inf = -inf): `fin` is 0 in the fixup
+        # pass, where every tile is computed, predicated, as eager computes it (see emit_kernel)
+        em.pre.append(f"lo = {_fold('tl.maximum', lo)} * fin")
+        em.pre.append(f"hi = {L.extent} - ({L.extent} - {_fold('tl.minimum', hi)}) * fin")
+    else:
+        em.pre.append("lo = 0")
+        em.pre.append(f"hi = {L.extent}")
+    em.pre.append(f"ua = tl.minimum(tl.maximum({_fold('tl.maximum', ulo)}, lo), hi)")
+    em.pre.append(f"ub = tl.maximum(ua, {_fold('tl.minimum', uhi)})")
+    none, bulk = frozenset(), s.live
+    segs = [("lo", "ua", none, True), ("ua", "ub", bulk, False), ("ub", "hi", none, True)]
+    for h in s.special:
+        cl, kmin, _ = _span(em, h)
+        if cl > 0:      # from the first tile wholly inside h to the end
+            first = f"(((tl.maximum(-{kmin}, 0) + {cl - 1}) // {cl}) + {bl - 1}) // {bl} * {bl}"
+            em.pre.append(f"sp = hi - (hi - tl.minimum(tl.maximum({first}, ub), hi)) * fin")
+            segs = segs[:2] + [("ub", "sp", none, True), ("sp", "hi", frozenset([h]), True)]
+        else:           # from the start to the last tile wholly inside h
+            d = -cl
+            end = f"(tl.maximum({kmin} + {d}, 0) // {d}) // {bl} * {bl}"
+            em.pre.append(f"sp = lo + (tl.minimum(tl.maximum({end}, lo), ua) - lo) * fin")
+            segs = [("lo", "sp", frozenset([h]), True), ("sp", "ua", none, True)] + segs[1:]
+    return segs
+
+
+def _span(em: Tiles, h: Affine) -> tuple[int, str, str]:
+    """h's loop coefficient and the least and greatest of its other terms over this program's row tile."""
+    cr = h.coeff(em.s.row) if em.s.row is not None else 0
+    if not cr:
+        return h.coeff(em.s.loop), str(h.const), str(h.const)
+    a, b = f"{cr} * r0", f"{cr} * (r0 + {em.blk[em.s.row] - 1})"
+    return h.coeff(em.s.loop), f"(tl.minimum({a}, {b}) + {h.const})", f"(tl.maximum({a}, {b}) + {h.const})"
+
+
+def _fold(fn: str, xs: list[str]) -> str:
+    return xs[0] if len(xs) == 1 else f"{fn}({xs[0]}, {_fold(fn, xs[1:])})"
+
+
+def loop_body(em: Tiles, ctx: Body, accs: list[Accum], running: dict) -> None:
+    """One tile step: running maxima first, then every accumulator of the pass."""
+    s = em.s
+    L = s.loop
+    pred = ctx.bounds and em.partial(L)    # bounds tests on the loop variable
+    news = {}
+    for a in accs:
+        if a.kind in ("max", "min"):
+            x = a.node.args[0]
+            xt = em.tvars(x)
+            base, scale = forms.scaled(em, x, ctx)
+            e = em.full(em.arg(base, xt, ctx), [base], xt, ctx)
+            if pred:
+                e = f"tl.where({em.idx(L, xt)} < {L.extent}, {e}, {lit(IDENTITY[a.kind])})"
+            fn = "max" if a.kind == "max" else "min"
+            new = f"new_{a.node.name}"
+            red = em.extreme(a.node, a.kind, e, xt.index(L))
+            if scale != 1.0:
+                red = f"{red} * {lit(scale)}"
+            if a.node in em.nan_free:
+                ctx.lines.append(f"{new} = tl.{fn}imum({running[a.node]}, {red})")
+            else:
+                ctx.lines.append(f"{new} = tl.{fn}imum({running[a.node]}, {red}, propagate_nan=tl.PropagateNan.ALL)")
+            safe = f"safe_{a.node.name}"
+            ctx.lines.append(f"{safe} = tl.where({new} == {lit(IDENTITY[a.kind])}, 0.0, {new})")
+            ctx.running[a.node] = safe
+            news[a.node] = new
+            for base in sorted({b for acc in accs for d, b in acc.rescale if d is a.node}):
+                ctx.lines.append(f"alpha_{base}_{a.node.name} = tl.{base}({running[a.node]} - {safe})")
+    for a in accs:
+        acc = running[a.node]
+        tv = em.tvars(a.node)
+        alpha = "".join(f" * {em.bcast(f'alpha_{b}_{d.name}', em.tvars(d), tv)}" for d, b in a.rescale)
+        if a.kind in ("max", "min"):
+            continue
+        if a.kind == "any":
+            x = a.node.args[0]
+            xt = em.tvars(x)
+            e = f"({em.full(em.arg(x, xt, ctx), [x], xt, ctx)} != 0)"
+            if pred:
+                e = f"({e} & ({em.idx(L, xt)} < {L.extent}))"
+            ctx.lines.append(f"{acc} = tl.maximum({acc}, tl.max({e}.to(tl.int32), axis={xt.index(L)}))")
+            continue
+        if a.node in s.dots:
+            fa, fb, k = s.dots[a.node]
+            # past the loop's extent both operands are zeroed: a padded lane of either may be inf (the log of
+            # a noise load's padding 0), and inf times the other's 0 is NaN
+            opa = em.operand(fa, a.node, True, ctx, ctx.lines, mask_loop=pred)
+            opb = em.operand(fb, a.node, False, ctx, ctx.lines, mask_loop=pred)
+            ctx.lines.append(f"{acc} = tl.dot({opa}, {opb}, {acc}{alpha}{em.dot_prec(fa + fb)})")
+            continue
+        xt = [v for v in s.order if any(isinstance(f, LNode) and v in f.vars for f, _ in a.kept)]
+        if L not in xt:
+            raise ScheduleError(f"{a.node.name}: summand does not vary along the loop")
+        e = em.full(em.product(a.kept, xt, ctx, ctx.lines), [f for f, _ in a.kept], xt, ctx)
+        for i in [i for i, (_, wt) in ctx.witness.items() if wt == xt]:   # one sum carries both
+            e = f"_with_check({e}, {ctx.witness.pop(i)[0]}, MODE == 0)"
+            em.carriers[acc] = tv
+        if pred:
+            e = f"tl.where({em.idx(L, xt)} < {L.extent}, {e}, 0.0)"
+        ctx.lines.append(f"{acc} = {acc}{alpha} + tl.sum({e}, axis={xt.index(L)})")
+    for d, new in news.items():
+        ctx.lines.append(f"{running[d]} = {new}")
+    for i, (term, wt) in ctx.witness.items():     # no sum of that tile took it in
+        ctx.lines.append(check.check_sum(em, i, term, wt))
+    ctx.witness.clear()
+
+
+def unsettled(em: Tiles, accs: list[Accum]) -> str:
+    """Scalar that is true while some `any` accumulator of the tile is still false (Schedule.stops_early)."""
+    terms = []
+    for a in accs:
+        acc = f"acc_{a.node.name}"
+        terms.append(f"(tl.min(tl.ravel({acc}), 0) == 0)" if em.tvars(a.node) else f"({acc} == 0)")
+    return " | ".join(terms)
+
+
+def placement(em: Tiles, ntiles: int, grid1: int) -> list[str]:
+    """Row tile and batch index of this program. Tiles whose loop covers the most are launched first
+    (the direction follows the skipped and constant-folded half-planes), across the batch in groups of
+    about `group_programs` programs: the longest tiles of a group start together and its shortest end it,
+    so the last wave is short, while a group's batch entries are few enough to share the cache."""
+    s = em.s
+    out = []
+    group = max(1, min(grid1, em.spec.group_programs // ntiles))
+    if group >= grid1:
+        out += [f"t = pid // {grid1}", f"b = pid % {grid1}"]
+    else:
+        out += [f"g = pid // {group * ntiles}", f"gn = tl.minimum({group}, {grid1} - g * {group})",
+                f"t = (pid - g * {group * ntiles}) // gn", f"b = g * {group} + (pid - g * {group * ntiles}) % gn"]
+    if s.row is not None:
+        grows = sum(h.coeff(s.row) for h in s.skip + s.special) < 0   # loop work grows with the row index
+        out.append(f"r0 = ({ntiles - 1} - t) * {em.blk[s.row]}" if grows else f"r0 = t * {em.blk[s.row]}")
+        out.append(f"o_{s.row} = r0 + tl.arange(0, {em.blk[s.row]})")
+    rest = "b"
+    for v in reversed(s.batch):
+        out.append(f"i_{v} = {rest} % {v.extent}")
+        rest = f"({rest} // {v.extent})"
+    return out

@@ -1,0 +1,46 @@
+"""How values print in Triton: type names, literals, elementwise templates, rounding to half types."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ..ir.ops import ELEMENTWISE, GROUP, Group, Op
+
+TL = {torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.float32: "tl.float32",
+      torch.float64: "tl.float64", torch.int64: "tl.int64", torch.int32: "tl.int32", torch.bool: "tl.int1"}
+HALF = (torch.float16, torch.bfloat16)
+UNARY: dict[Op, str] = {op: e.triton for op, e in ELEMENTWISE.items() if GROUP[op] is Group.UNARY and e.triton}
+BINARY: dict[Op, str] = {op: e.triton for op, e in ELEMENTWISE.items() if GROUP[op] is Group.BINARY and e.triton}
+# tl.max/tl.min drop NaNs (maxnum); torch's amax/amin/maximum propagate them, so kernels reduce with these
+NAN_REDUCE = {"max": "_max_nan", "min": "_min_nan"}
+
+
+def lit(v: Any) -> str:
+    if isinstance(v, bool):     # Triton's bool, so `x | False` stays int1 (with 0 it became int32)
+        return "True" if v else "False"
+    if isinstance(v, float):
+        if math.isinf(v):
+            return 'float("inf")' if v > 0 else 'float("-inf")'
+        if math.isnan(v):
+            return 'float("nan")'
+        return repr(v)
+    return repr(v)
+
+
+def pow2(n: int, lo: int = 16) -> int:
+    return max(lo, 1 << (max(n, 1) - 1).bit_length())
+
+
+def round_to(dtype: torch.dtype, expr: str) -> str:
+    """expr, a float32 value, rounded to the half type and kept in float32."""
+    return f"_round_bf16({expr})" if dtype == torch.bfloat16 else f"({expr}).to({TL[dtype]}).to(tl.float32)"
+
+
+def contig(shape: tuple[int, ...] | list[int]) -> list[int]:
+    out, acc = [], 1
+    for s in reversed(list(shape)):
+        out.append(acc if s != 1 else 0)
+        acc *= s
+    return out[::-1]

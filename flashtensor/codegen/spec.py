@@ -1,0 +1,48 @@
+"""What the emitter is given for one kernel, besides its tile configuration."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+import torch
+
+from ..ir.loops import LNode, LOutput
+from ..schedule.schedule import Schedule
+
+
+@dataclass(frozen=True)
+class CheckPlan:
+    """One kernel's share of the finite check (codegen/check.py; decided across the plan by checkplan.py).
+    `slots` kernels share the inputs that no kernel's tiles read whole (`flat`, input -> domain), in equal
+    parts, this kernel checking part `part`; 0 slots: the plan has no check. `tiled` maps an input this
+    kernel's tiles read whole to (that load, domain). Logs of inputs in `ftz` flush subnormals in the first
+    pass (their check rejects subnormals too); the check tests an input in `narrowed` as its cast to that
+    type (analysis.facts.narrowed_inputs)."""
+    slots: int = 0
+    part: int = 0
+    flat: Mapping[int, Optional[str]] = field(default_factory=dict)
+    tiled: Mapping[int, tuple[LNode, Optional[str]]] = field(default_factory=dict)
+    ftz: frozenset[int] = frozenset()
+    narrowed: Mapping[int, torch.dtype] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One kernel of a plan. `outputs` maps a root to its program outputs (other roots are intermediates);
+    `faithful` rounds half-precision values as eager does (analysis/precision.py); reductions in `nan_free`
+    use the fast max that skips NaN (analysis.facts.nan_absorbing_maxima); roots in `loaded_later` are also
+    stored as intermediates, in the layout later kernels read; `folded` (normalisers.py): the kernel stores
+    those whose statistics it reduces and loads those whose statistics it reads. `interpret`: the kernel
+    runs in Triton's interpreter (whose bf16 dots are wrong, so they run in float32 there)."""
+    schedule: Schedule
+    name: str
+    inputs: list[tuple[tuple[int, ...], torch.dtype]]
+    outputs: Mapping[LNode, list[LOutput]]
+    faithful: bool = False
+    nan_free: frozenset[LNode] = frozenset()
+    loaded_later: frozenset[LNode] = frozenset()
+    check: CheckPlan = CheckPlan()
+    folded: Mapping[tuple[LNode, LNode], LNode] = field(default_factory=dict)
+    interpret: bool = False
+    group_programs: int = 512
+    fixup_programs: int = 264

@@ -1,0 +1,155 @@
+"""A kernel's tiles while it is emitted: their shapes, names, index expressions and buffers.
+
+`Tiles` holds what every part of the emitter reads (the schedule, the block sizes, the buffers, the
+values computed before the loop) and the small helpers that print indices and broadcasts. The
+expression of a value is the emitter's (emitter.py); `arg`, `value` and `compute` are declared here so
+the local forms (forms.py) and the finite check (check.py) can ask for operands without importing it.
+"""
+from __future__ import annotations
+
+import abc
+from typing import Any, Optional
+
+import torch
+
+from ..analysis import precision
+from ..ir.loops import Affine, LNode, Var
+from ..options import TileConfig
+from ..schedule.schedule import ScheduleError
+from .artifact import Buffer
+from .body import Body
+from .lower import contig, pow2, round_to
+from .spec import KernelSpec
+
+
+class Tiles(abc.ABC):
+    def __init__(self, spec: KernelSpec, cfg: TileConfig) -> None:
+        s = spec.schedule
+        self.spec = spec
+        self.s = s
+        self.nan_free = spec.nan_free   # max/min reductions that may use the fast, NaN-skipping max
+        self.inputs = spec.inputs       # program input (shape, dtype) list
+        self.faithful = spec.faithful
+        self.blk: dict[Var, int] = {}
+        if s.row is not None:
+            self.blk[s.row] = min(cfg.block_row, pow2(s.row.extent))
+        if s.loop is not None:
+            self.blk[s.loop] = min(cfg.block_loop, pow2(s.loop.extent))
+        for v in s.whole:
+            self.blk[v] = pow2(v.extent)
+        self.bufs: dict[object, Buffer] = {}    # by source, in kernel-argument order
+        self.pre: list[str] = []
+        self.cache_pre: dict[int, tuple[str, list[Var]]] = {}
+        self.raw: dict[int, str] = {}
+        self.finals: dict[LNode, str] = {}      # loop reduction -> its value after its pass
+        self.deps: dict[int, bool] = {}
+        self.tmp = 0
+        self.checks: dict[int, tuple[LNode, Optional[str]]] = dict(spec.check.tiled)   # input -> (its tile load, domain)
+        self.check_whole = False    # check_add keeps whole tiles (the loop over skipped tiles, see check.py)
+        # (m, d) -> m + log2 d, stored by an earlier kernel (codegen/normalisers.py)
+        self.folded: dict[tuple[LNode, LNode], LNode] = {md: f for md, f in spec.folded.items() if set(md) <= s.boundary}
+        self.ftz: frozenset[int] = spec.check.ftz   # inputs whose logs flush subnormals in the first pass
+        self.narrowed: dict[int, torch.dtype] = dict(spec.check.narrowed)   # inputs the check tests as cast
+        self.carriers: dict[str, list[Var]] = {}   # sum accumulators that took in a check (see loop.py)
+
+    def fresh(self, base: str) -> str:
+        self.tmp += 1
+        return f"{base}_{self.tmp}"
+
+    def tvars(self, n: LNode) -> list[Var]:
+        return self.s.tile_vars(n)
+
+    def idx(self, v: Var, tv: list[Var]) -> str:
+        if v in self.s.batch:
+            return f"i_{v}"
+        if len(tv) <= 1:
+            return f"o_{v}"
+        return f"o_{v}[:, None]" if tv.index(v) == 0 else f"o_{v}[None, :]"
+
+    def bcast(self, expr: str, have: list[Var], want: list[Var]) -> str:
+        if have == want or not have:
+            return expr
+        if len(have) == 1 and len(want) == 2:
+            return f"{expr}[:, None]" if want.index(have[0]) == 0 else f"{expr}[None, :]"
+        raise ScheduleError(f"cannot broadcast a tile over {have} to {want}")
+
+    def affine(self, e: Affine, tv: list[Var]) -> str:
+        parts = [(f"{c} * " if c != 1 else "") + self.idx(v, tv) for v, c in e.terms]
+        if e.const or not parts:
+            parts.append(str(e.const))
+        return "(" + " + ".join(parts) + ")"
+
+    def partial(self, v: Var) -> bool:
+        """Whether some tile of v reaches past its extent."""
+        return v.extent % self.blk[v] != 0 if v in (self.s.row, self.s.loop) else self.blk[v] != v.extent
+
+    def range_mask(self, tv: list[Var]) -> Optional[str]:
+        """Bounds test for a tile that can reach past an extent. Loop ranges start at multiples of the
+        loop block, so a loop variable whose extent the block divides never needs one."""
+        conds = [f"({self.idx(v, tv)} < {v.extent})" for v in tv if self.partial(v)]
+        return " & ".join(conds) if conds else None
+
+    def buffer(self, key, shape, dtype, kind, written: bool = False) -> str:
+        if key not in self.bufs:
+            self.bufs[key] = Buffer(f"{kind[:3]}{len(self.bufs)}", tuple(shape), dtype, kind, key)
+        self.bufs[key].written |= written
+        return self.bufs[key].name
+
+    def load_intermediate(self, n: LNode, out: str, lines: list[str]) -> str:
+        """Load an earlier kernel's value of n over this tile."""
+        tv = self.tvars(n)
+        buf, strides = self.intermediate(n, written=False)
+        off = " + ".join(f"{self.idx(v, tv)} * {st}" for v, st in strides.items()) or "0"
+        mask = self.range_mask(tv)
+        lines.append(f"{out} = tl.load({buf} + {off}" + (f", mask={mask}, other=0)" if mask else ")"))
+        return out
+
+    def intermediate(self, n: LNode, written: bool) -> tuple[str, dict[Var, int]]:
+        """Buffer passing n between kernels: contiguous over n's variables, float math kept in float32."""
+        shape = [v.extent for v in n.vars]
+        dtype = torch.float32 if n.dtype.is_floating_point else n.dtype
+        return self.buffer(n, shape, dtype, "intermediate", written), dict(zip(n.vars, contig(shape)))
+
+    def home(self, n: LNode) -> str:
+        if self.s.loop not in n.vars and (n in self.s.boundary or not self.deps_acc(n)):
+            return "pre"
+        return "body"
+
+    def deps_acc(self, n: LNode) -> bool:
+        """Whether n reads a loop reduction of this kernel."""
+        if id(n) not in self.deps:
+            self.deps[id(n)] = n not in self.s.boundary and (
+                n in self.s.accums or any(self.deps_acc(a) for a in n.inputs))
+        return self.deps[id(n)]
+
+    def constant(self, a, region: frozenset):
+        """The value of a literal, a scalar node, or a node constant on tiles where `region` holds."""
+        if not isinstance(a, LNode):
+            return float(a) if isinstance(a, (int, float)) and not isinstance(a, bool) else None
+        if a.op == "scalar":
+            return self.constant(a.attrs["value"], region)
+        v = self.s.constant_on(a, region) if region else None
+        return self.constant(v, region) if v is not None else None
+
+    def rounded(self, n: LNode, expr: str) -> str:
+        """Round like eager where the node is half precision, in programs with float32 outputs computed
+        from half inputs: their 1e-4 contract is tighter than the rounding eager applies on the way. A cast
+        of an input that rounds is rounded in every plan, so that dots and elementwise products, in
+        whichever kernel, read the same values."""
+        return round_to(n.dtype, expr) if self.rounds(n) else expr
+
+    def rounds(self, n: LNode) -> bool:
+        """Whether `rounded` rounds n (else n's float32 value stands for it, no instruction)."""
+        return precision.rounds(n, self.faithful)
+
+    @abc.abstractmethod
+    def arg(self, a: Any, tv: list[Var], ctx: Optional[Body]) -> str:
+        """The expression of operand a (a node or a literal) as a tile over tv."""
+
+    @abc.abstractmethod
+    def value(self, n: LNode, ctx: Optional[Body]) -> tuple[str, list[Var]]:
+        """The name of node n's value and its tile variables, emitting its code where it belongs."""
+
+    @abc.abstractmethod
+    def compute(self, n: LNode, ctx: Optional[Body], lines: list[str]) -> tuple[str, list[Var]]:
+        """Emit node n's code into `lines`."""

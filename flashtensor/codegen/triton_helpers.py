@@ -1,0 +1,84 @@
+"""Triton helpers that generated kernels import (`from flashtensor.codegen.triton_helpers import ...`).
+
+Each is a `@triton.jit` function a kernel calls where one Triton expression would not say it: the GPU's
+approximate log2, eager's fp16 rounding of a scaled product, NaN-propagating max and min, the finite
+check's carrier, bf16 rounding that the interpreter gets right, and the wait of a programmatic dependent
+launch. Being a real module, it is linted, type-checked and tested like the rest (tests/test_kernels.py).
+"""
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from .. import knobs
+
+_INTERPRETED = tl.constexpr(knobs.interpret())
+
+
+@triton.jit
+def _log2_approx(x, FTZ: tl.constexpr):
+    # the GPU's lg2.approx, as accurate as the ex2.approx that tl.exp2 is. FTZ flushes subnormal x to 0 (log2
+    # -inf) and costs one instruction where the subnormal path costs four; the interpreter has no inline asm
+    # and flushes by hand
+    if _INTERPRETED:
+        return tl.log2(tl.where(tl.abs(x) < 1.1754943508222875e-38, 0.0, x) if FTZ else x)
+    elif FTZ:
+        return tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _scale_f16(x, c: tl.constexpr, hi2: tl.constexpr, lo2: tl.constexpr):
+    # fp16(fp16(x) * c) for a float32 constant c, as eager rounds it. On the GPU, two elements at a time:
+    # one conversion to an fp16 pair h, then h * hi + fp16(h * lo) with c = hi + lo in fp16 (hi2, lo2: each
+    # half's bits twice), then back to float32
+    if _INTERPRETED:
+        return (x.to(tl.float16).to(tl.float32) * c).to(tl.float16).to(tl.float32)
+    else:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 h, p; .reg .f16 a, b; cvt.rn.f16x2.f32 h, $3, $2; mul.rn.f16x2 p, h, $6; "
+            "fma.rn.f16x2 h, h, $4, p; mov.b32 {a, b}, h; cvt.f32.f16 $0, a; cvt.f32.f16 $1, b; }",
+            "=r,=r,r,r,r,r,r,r", [x, tl.full(x.shape, hi2, tl.int32), tl.full(x.shape, lo2, tl.int32)],
+            dtype=tl.float32, is_pure=True, pack=2)
+
+
+@triton.jit
+def _after_prior():
+    # programmatic dependent launch (runtime/launch.py): wait until the plan's kernel before this one has
+    # finished and its writes are visible, then let the next kernel launch: its programs take the SMs that
+    # this grid's last ones leave, and wait here in turn
+    gdc_wait()
+    gdc_launch_dependents()
+
+
+@triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _min_nan(a, b):
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _with_check(x, t, FIRST: tl.constexpr):
+    # x + t in the first pass, where t is a check's x * 0 (NaN where the checked value is not finite), so
+    # the sum that x feeds also carries the check; x alone in the fixup pass
+    if FIRST:
+        return x + t
+    else:
+        return x
+
+
+@triton.jit
+def _round_bf16(x):
+    # float32 x rounded to the nearest bf16 value, kept in float32. The interpreter's conversion truncates
+    # (the GPU's and eager's round to nearest even), so there the rounding is done on the bits
+    if _INTERPRETED:
+        b = x.to(tl.int32, bitcast=True)
+        r = ((b + 0x7FFF + ((b >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
+        return tl.where(x != x, x, r)
+    else:
+        return x.to(tl.bfloat16).to(tl.float32)

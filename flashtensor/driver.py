@@ -1,0 +1,289 @@
+"""The compiler driver: a PyTorch function and example arguments to a runnable Program, as a list of stages.
+
+    capture -> decompose -> fusable | plan cache | loop form -> precision -> rewrites -> facts
+            -> partition -> schedule -> emit -> tune
+
+Each stage is a function of the plan record (runtime/plan.py) and the call; its output is recorded on the
+plan under the stage's name, so explain and the tests can read every stage's result. The driver holds no
+policy: each decision lives in the module named for it (analysis/precision.py, codegen/checkplan.py,
+partition/, runtime/autotune.py). The first three stages run for every new signature (the cache's key is
+the decomposed graph); the rest only on a cache miss. Whatever a stage cannot handle runs in eager PyTorch,
+with the reason in the plan's notes and a FallbackWarning.
+"""
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from . import knobs
+from .analysis import precision
+from .analysis.facts import nan_absorbing_maxima
+from .codegen.artifact import encode_kernel, with_plain_keys
+from .codegen.checkplan import plan_checks
+from .codegen.normalisers import folded_normalisers
+from .codegen.spec import KernelSpec
+from .frontend.capture import capture
+from .ir.graph import Graph
+from .ir.loops import LNode, LOutput, LoopGraph
+from .options import Options
+from .partition.fusable import fusable_part
+from .partition.plan import KernelPlan, PartitionError, check_boundaries, partitions
+from .runtime import cache as plan_cache
+from .runtime.autotune import timed, tune
+from .runtime.launch import Launch, input_buffers
+from .runtime.plan import Plan, Program
+from .schedule.describe import describe
+from .schedule.schedule import MAX_WHOLE, Schedule, ScheduleError, build_schedule, schedulable
+from .transform.decompose import decompose
+from .transform.loopform import LoweringError, to_loops
+from .transform.rewrite import rewrite
+
+log = logging.getLogger("flashtensor.driver")
+progress = logging.getLogger("flashtensor.progress")   # one line per tuned kernel (see flashtensor/__init__.py)
+
+
+class FallbackWarning(UserWarning):
+    """A piece of the program runs in eager PyTorch instead of a generated kernel."""
+
+
+@dataclass
+class Call:
+    """What one call gives the stages: the function, its tensor arguments and where they live."""
+    fn: Callable
+    example: list[torch.Tensor]
+    device: torch.device
+    options: Options
+
+
+# ---- the stages ----------------------------------------------------------------------------------------------
+
+def _capture(plan: Plan, call: Call) -> Graph:
+    return capture(call.fn, call.example)   # on fake tensors: planning never runs the program itself
+
+
+def _decompose(plan: Plan, call: Call) -> Graph:
+    return decompose(plan.captured)
+
+
+def _fusable(plan: Plan, call: Call) -> Graph:
+    return fusable_part(plan.decomposed)
+
+
+def _loop_form(plan: Plan, call: Call) -> LoopGraph:
+    loops, plan.stages["constants"] = to_loops(plan.stages["fusable"])
+    return loops
+
+
+def _precision(plan: Plan, call: Call) -> precision.Precision:
+    return precision.decide(plan.stages["loop form"])
+
+
+def _rewrites(plan: Plan, call: Call) -> LoopGraph:
+    return rewrite(plan.stages["loop form"], through_half=not plan.stages["precision"].faithful)
+
+
+def _facts(plan: Plan, call: Call) -> frozenset[LNode]:
+    """Max reductions whose NaN the exponentials they feed carry anyway (the fast max may skip it)."""
+    return frozenset(nan_absorbing_maxima(plan.stages["rewrites"]))
+
+
+def _partition(plan: Plan, call: Call) -> list[list[KernelPlan]]:
+    """Every candidate partition, the greedy one first."""
+    return partitions(plan.stages["rewrites"], schedulable, MAX_WHOLE)
+
+
+def _offered(plan: Plan, call: Call) -> list[int]:
+    """The candidates the search tries: every one on a GPU (the tuner times them), the first on the CPU;
+    only `options.candidate` where it names one."""
+    ks = list(range(len(plan.stages["partition"])))
+    if call.options.candidate is not None:
+        ks = ks[call.options.candidate:call.options.candidate + 1]
+    return ks if timed(call.device) else ks[:1]
+
+
+def _schedule(plan: Plan, call: Call) -> dict[int, list[Schedule]]:
+    """Each offered candidate's kernel schedules, by candidate index; a candidate that cannot be scheduled is
+    dropped (the reason goes to the debug log, and to the note when none is left)."""
+    loops, out, errors = plan.stages["rewrites"], {}, []
+    for c in _offered(plan, call):
+        plans = plan.stages["partition"][c]
+        try:
+            check_boundaries(loops, plans)
+            out[c] = [build_schedule(p) for p in plans]
+        except (ScheduleError, PartitionError) as e:
+            log.debug("partition %d rejected: %s", c, e)
+            errors.append(str(e))
+            continue
+        _log_plan(c, plans, out[c])
+    if not out:
+        raise ScheduleError("; ".join(errors))
+    return out
+
+
+def _emit(plan: Plan, call: Call) -> dict[int, list[KernelSpec]]:
+    """What the emitter is given for each kernel of each candidate."""
+    loops, prec = plan.stages["rewrites"], plan.stages["precision"]
+    owner: dict[LNode, list[LOutput]] = {}
+    for o in loops.outputs:
+        owner.setdefault(o.node, []).append(o)
+    out = {}
+    for c, schedules in plan.stages["schedule"].items():
+        loaded = frozenset(n for s in schedules for n in s.plan.loads)
+        checks = plan_checks(loops, schedules, prec.narrowed)
+        folded = folded_normalisers(schedules)
+        out[c] = [KernelSpec(s, f"ft_kernel{k}", loops.inputs, {r: owner[r] for r in s.plan.roots if r in owner},
+                             prec.faithful, plan.stages["facts"], loaded, checks[k], folded, knobs.interpret(),
+                             call.options.group_programs, call.options.fixup_programs)
+                  for k, s in enumerate(schedules)]
+    return out
+
+
+def _tune(plan: Plan, call: Call) -> tuple[int, list[Launch]]:
+    """Emit and tune each candidate's kernels in plan order, running each so the next sees its results, and
+    keep the candidate whose kernels take least time in all."""
+    bufs = input_buffers(list(call.example) + [c.to(call.device) for c in plan.stages["constants"]])
+    specs = plan.stages["emit"]
+    start = time.perf_counter()
+    offered = len(_offered(plan, call))
+    progress.info("planning %d partition(s) of %d fused node(s) on %s", offered, len(plan.stages["rewrites"].nodes),
+                  call.device)
+    best: Optional[tuple[float, int, list[Launch]]] = None
+    for i, (c, kernels) in enumerate(specs.items()):
+        launches = []
+        for k, spec in enumerate(kernels):
+            la = tune(spec, call.options.configs, bufs, call.device)
+            la(bufs)
+            log.debug("kernel %d source:\n%s", k, la.source.source)
+            progress.info("partition %d/%d, kernel %d/%d: %s, %.1f s", i + 1, offered, k + 1, len(kernels),
+                          _tuned(la), time.perf_counter() - start)
+            launches.append(la)
+        total = sum(la.ms for la in launches)
+        log.debug("partition %d: %d kernel(s), %.4f ms", c, len(launches), total)
+        if best is None or total < best[0]:
+            best = (total, c, launches)
+    assert best is not None
+    progress.info("chose %d kernel(s)%s, planned in %.1f s", len(best[2]),
+                  f", {best[0]:.3f} ms" if best[0] else "", time.perf_counter() - start)
+    return best[1], best[2]
+
+
+FRONT: list[tuple[str, Callable[[Plan, Call], Any]]] = [
+    ("capture", _capture), ("decompose", _decompose), ("fusable", _fusable)]
+SEARCH: list[tuple[str, Callable[[Plan, Call], Any]]] = [
+    ("loop form", _loop_form), ("precision", _precision), ("rewrites", _rewrites), ("facts", _facts),
+    ("partition", _partition), ("schedule", _schedule), ("emit", _emit), ("tune", _tune)]
+
+
+def _run(stages: list[tuple[str, Callable[[Plan, Call], Any]]], plan: Plan, call: Call) -> None:
+    for name, stage in stages:
+        plan.stages[name] = stage(plan, call)
+        if name in ("capture", "decompose", "rewrites"):
+            log.debug("%s:\n%s", {"rewrites": "loop form"}.get(name, name + "d graph"), plan.stages[name])
+
+
+# ---- the driver ----------------------------------------------------------------------------------------------
+
+def build(fn: Callable, args: list[Any], options: Options = Options()) -> Program:
+    """Capture `fn` on `args` and plan it. Non-tensor arguments are baked in as constants."""
+    positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    returns_tensor = []
+
+    def tensor_fn(*tensors: torch.Tensor) -> Any:
+        full = list(args)
+        for i, t in zip(positions, tensors):
+            full[i] = t
+        out = fn(*full)
+        returns_tensor.append(isinstance(out, torch.Tensor))
+        return out
+
+    example = [args[i] for i in positions]
+    call = Call(tensor_fn, example, _device(example), options)
+    plan = Plan()
+    _run(FRONT, plan, call)
+    notes = [f"no lowering for {n.attrs['fn']} at {n.source or 'unknown source'}; it and what depends on it run "
+             "in eager PyTorch" for n in plan.captured.nodes if n.op == "opaque"]
+    device = call.device
+    if options.kernels and not (device.type == "cuda" or (device.type == "cpu" and knobs.interpret())):
+        notes.append(f"inputs on {device}: generated kernels run on CUDA devices (on the CPU only under "
+                     "TRITON_INTERPRET=1); the program runs in eager PyTorch")
+    elif options.kernels and plan.stages["fusable"].outputs:
+        _plan(plan, call, args, options.cache and knobs.cache())
+    plan.entry["notes"] = notes + plan.entry.get("notes", [])
+    for msg in plan.notes:
+        warnings.warn(f"FlashTensor: {msg}", FallbackWarning, stacklevel=4)
+    return Program(plan, positions, returns_tensor[-1], device)
+
+
+def _device(example: Sequence[torch.Tensor]) -> torch.device:
+    """The one device every tensor argument is on; a precise error instead of a failure inside a kernel."""
+    if not example:
+        raise TypeError("FlashTensor compiles functions of tensors: this call passes no tensor argument")
+    devices = {t.device for t in example}
+    if len(devices) > 1:
+        raise ValueError("FlashTensor: all tensor arguments must be on one device, got "
+                         + ", ".join(f"tensor argument {i} on {t.device}" for i, t in enumerate(example)))
+    return example[0].device
+
+
+def _plan(plan: Plan, call: Call, args: list[Any], use_cache: bool) -> None:
+    """The plan's entry: from the plan cache when it has it, else by searching (then cached)."""
+    key = plan_cache.key(plan.decomposed, args, call.options.key()) if use_cache else None
+    entry = plan_cache.load(key) if key else None
+    plan.cached = entry is not None
+    if entry is None:
+        entry = _search(plan, call)
+        if key:
+            plan_cache.store(key, entry)
+    plan.entry = entry
+
+
+def _search(plan: Plan, call: Call) -> dict:
+    """The search stages; returns the plan as a cache entry (plain data)."""
+    try:
+        _run(SEARCH, plan, call)
+    except (LoweringError, PartitionError, ScheduleError) as e:
+        log.debug("no fused plan: %s", e)
+        return {"kernels": [], "consts": [], "results": [],
+                "notes": [f"no fused plan: {e}; the program runs in eager PyTorch"]}
+    except Exception as e:  # a bug in a stage must cost the user speed, not the answer
+        log.exception("internal compiler error")
+        return {"kernels": [], "consts": [], "results": [],
+                "notes": [f"internal compiler error ({type(e).__name__}: {e}), please report it; "
+                          "the program runs in eager PyTorch"]}
+    loops, fused = plan.stages["rewrites"], plan.stages["fusable"]
+    chosen, launches = plan.stages["tune"]
+    kernels = with_plain_keys([la.source for la in launches], _buffer_keys(loops))
+    summary = {"loop form": str(loops), "properties": [describe(s) for s in plan.stages["schedule"][chosen]]}
+    return {"kernels": [encode_kernel(k) for k in kernels], "consts": [c.cpu() for c in plan.stages["constants"]],
+            "results": [(n.name, ("out", i)) for i, n in enumerate(fused.outputs)], "notes": [], "summary": summary}
+
+
+def _log_plan(c: int, plans: list[KernelPlan], schedules: list[Schedule]) -> None:
+    if not log.isEnabledFor(logging.DEBUG):
+        return
+    for k, (p, s) in enumerate(zip(plans, schedules)):
+        log.debug("partition %d kernel %d plan: stores %s, loads %s", c, k, p.roots, sorted(p.loads, key=lambda n: n.name))
+        log.debug("partition %d kernel %d schedule: batch %s, row %s, loop %s, whole %s, %d pass(es), skip %s",
+                  c, k, s.batch, s.row, s.loop, s.whole, s.passes, [str(h) for h in s.skip])
+
+
+def _tuned(la: Launch) -> str:
+    how = la.source.config
+    return f"{la.ms:.3f} ms ({how})" if la.ms else f"not timed on this device ({how})"
+
+
+def _buffer_keys(loops: LoopGraph) -> Callable[[Any], tuple]:
+    """Plain keys for the emitter's buffer sources: ("in", i) stays, the k-th loop output becomes ("out", k),
+    an intermediate node ("tmp", j) in order of first use."""
+    keys: dict[Any, tuple] = {o: ("out", i) for i, o in enumerate(loops.outputs)}
+
+    def of(source: Any) -> tuple:
+        if isinstance(source, tuple):
+            return source
+        return keys.setdefault(source, ("tmp", len(keys) - len(loops.outputs)))
+    return of

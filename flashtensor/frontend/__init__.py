@@ -1,0 +1,1 @@
+"""Capture: a PyTorch callable and example inputs to the graph IR."""

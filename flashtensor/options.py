@@ -1,0 +1,50 @@
+"""Compile options: one frozen object per compiled callable, hashed into the plan cache's key.
+
+`ft.compile(fn, **fields)` builds it; tests pick a tile configuration or a partition candidate through
+it instead of patching module globals.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Optional
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Block of the grid's row variable and of the loop variable, warps and pipeline stages of one kernel."""
+    block_row: int
+    block_loop: int
+    num_warps: int
+    num_stages: int
+
+
+# the tuner's candidates; the first is the one used where nothing is timed (the CPU, the interpreter)
+CONFIGS: tuple[TileConfig, ...] = tuple(TileConfig(*c) for c in (
+    (128, 64, 4, 2), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3), (64, 128, 4, 3),
+    (64, 64, 4, 2), (128, 128, 4, 2), (64, 32, 4, 2), (128, 32, 8, 3)))
+
+
+@dataclass(frozen=True)
+class Options:
+    configs: tuple[TileConfig, ...] = CONFIGS   # tile configurations the tuner tries
+    candidate: Optional[int] = None    # offer the search only this partition candidate (None: every one)
+    group_programs: int = 512          # programs per launch-order group (codegen/loop.py placement)
+    fixup_programs: int = 264          # programs of the fixup pass (two per SM of an H100 or H200)
+    cache: bool = True                 # read and write the on-disk plan cache (also FLASHTENSOR_CACHE=0)
+    kernels: bool = True               # False: stop after decomposition, run everything in eager
+
+    @classmethod
+    def make(cls, **fields: Any) -> "Options":
+        """Options from keyword arguments, naming any unknown one."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(fields) - names
+        if unknown:
+            raise TypeError(f"unknown compile option(s): {', '.join(sorted(unknown))}; known: {', '.join(sorted(names))}")
+        if "configs" in fields:
+            fields["configs"] = tuple(c if isinstance(c, TileConfig) else TileConfig(*c) for c in fields["configs"])
+        return cls(**fields)
+
+    def key(self) -> str:
+        """What of these options changes a plan (the cache's part of the key)."""
+        return repr(dataclasses.replace(self, cache=True))

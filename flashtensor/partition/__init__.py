@@ -1,0 +1,1 @@
+"""Which loop nodes each kernel computes, and what crosses kernel boundaries."""

@@ -1,0 +1,1 @@
+"""Loading, tuning, launching and caching generated kernels."""

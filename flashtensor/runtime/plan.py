@@ -1,0 +1,83 @@
+"""The plan record (every stage's output by name) and the program that runs it.
+
+The driver fills a `Plan` stage by stage; what launching needs, and what `explain` shows of the
+search (the loop form's text, each kernel's properties), is plain data in `Plan.entry`, which the
+on-disk cache stores, so a plan read back in a new process launches and explains like a searched one.
+A `Program` is built once from a plan and never changes: it launches the kernels and evaluates what
+runs in eager PyTorch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from ..codegen.artifact import KernelSource, decode_kernel
+from ..ir.evaluate import evaluate
+from ..ir.graph import Graph, Node, topo_order
+from .launch import Launch, load_kernel, run_kernels
+
+
+@dataclass
+class Plan:
+    """One function at one argument signature. `stages` maps each stage's name to its output, for the stages
+    that ran (a plan from the cache has capture and decompose only); `entry` is the plain-data plan: kernels
+    (as dicts), constants, which buffer holds each fused output, notes, and `summary` for explain."""
+    stages: dict[str, Any] = field(default_factory=dict)
+    entry: dict[str, Any] = field(default_factory=dict)
+    cached: bool = False          # the entry was read from the on-disk cache, not searched
+
+    @property
+    def captured(self) -> Graph:
+        return self.stages["capture"]
+
+    @property
+    def decomposed(self) -> Graph:
+        return self.stages["decompose"]
+
+    @property
+    def notes(self) -> list[str]:
+        return self.entry.get("notes", [])
+
+    @property
+    def kernels(self) -> list[KernelSource]:
+        return [decode_kernel(k) for k in self.entry.get("kernels", [])]
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """What explain shows of the search: "loop form" (text) and "properties" (one dict per kernel)."""
+        return self.entry.get("summary", {})
+
+
+class Program:
+    """Runs a plan: the kernels, then the ops that run in eager PyTorch, in an order fixed at construction."""
+
+    def __init__(self, plan: Plan, tensor_positions: list[int], single_output: bool, device: torch.device) -> None:
+        self.plan = plan
+        self.tensor_positions = tensor_positions     # which call arguments are the graph's tensor inputs
+        self.single_output = single_output
+        g = plan.decomposed
+        nodes = {n.name: n for n in g.nodes}
+        self.kernels = plan.kernels
+        self.consts = [c.to(device) for c in plan.entry.get("consts", [])]
+        self.launches = [Launch(k, load_kernel(k)) for k in self.kernels]
+        self.results: list[tuple[Node, tuple]] = [(nodes[name], k) for name, k in plan.entry.get("results", [])]
+        self.order = topo_order(g.outputs, stop=set(g.inputs) | {n for n, _ in self.results})
+
+    @property
+    def notes(self) -> list[str]:
+        return self.plan.notes
+
+    @property
+    def cached(self) -> bool:
+        return self.plan.cached
+
+    def run(self, args: Sequence[Any]) -> Any:
+        tensors = [args[i] for i in self.tensor_positions]
+        env: dict[Node, torch.Tensor] = {}
+        if self.launches:
+            bufs = run_kernels(self.launches, list(tensors) + self.consts, tensors[0].device)
+            env = {n: bufs[k] for n, k in self.results}
+        outs = evaluate(self.plan.decomposed, tensors, env, self.order)
+        return outs[0] if self.single_output else tuple(outs)

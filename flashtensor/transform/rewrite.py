@@ -1,0 +1,26 @@
+"""Algebraic rewrites of the loop form, applied in order: each takes a loop graph and returns an equal one.
+
+Each rule is a function `(loops, through_half) -> loops`; `through_half` says whether the kernels compute
+half-precision values in float32 without rounding them (analysis/precision.py), so a rewrite may scale
+through them. The emitter's local forms, which depend on how a kernel tiles its values, are a list of their
+own (codegen/forms.py). Adding a rewrite: write the function, put it in REWRITES, and test it against
+`ir.loops.evaluate_loops` (tests/test_exp2.py does so for exp2 folding).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from ..ir.loops import LoopGraph
+from .exp2 import fold_exp2
+
+Rewrite = Callable[[LoopGraph, bool], LoopGraph]
+REWRITES: list[tuple[str, Rewrite]] = [
+    ("exp -> exp2 with log2 e folded into the argument", fold_exp2),
+]
+
+
+def rewrite(loops: LoopGraph, through_half: bool) -> LoopGraph:
+    """`loops` after every rewrite of REWRITES."""
+    for _, rule in REWRITES:
+        loops = rule(loops, through_half)
+    return loops
