@@ -238,13 +238,15 @@ class Emitter(Tiles):
         ctx.lines.append(f"tl.store({buf} + {off}, {val}" + (f", mask={mask})" if mask else ")"))
 
     def product(self, factors, tv: list[Var], ctx, lines: list[str]) -> str:
-        """Product of factors over tile tv. A divisor over fewer variables than the tile is inverted once
-        per element of its own tile and multiplied in: a division per tile element costs far more."""
+        """Product of factors over tile tv, a summand or a dot operand. The forms for a quotient apply to its
+        factors as to a division: normalised_exp to an exponential over its normaliser, thin_divisor to a
+        divisor over fewer variables than the tile."""
         factors = list(factors)
         num = []
         for i, (d, p) in enumerate(factors):
             for j, (e, q) in enumerate(factors):
-                if p < 0 and q > 0 and (folded := forms.exp_over(self, e, d, tv, ctx, lines)) is not None:
+                if p < 0 and q > 0 and forms.normalised_exp in forms.FORMS and \
+                        (folded := forms.exp_over(self, e, d, tv, ctx, lines)) is not None:
                     num.append(folded)
                     factors[i] = factors[j] = (1.0, 0)
                     break
@@ -253,7 +255,7 @@ class Emitter(Tiles):
         for f, p in factors:
             if p >= 0:
                 continue
-            if len(self.tvars(f) if isinstance(f, LNode) else []) < len(tv):
+            if forms.thin_divisor in forms.FORMS and len(self.tvars(f) if isinstance(f, LNode) else []) < len(tv):
                 num.append(forms.reciprocal(self, f, tv, ctx, lines))
             else:
                 den.append(self.arg(f, tv, ctx))

@@ -22,7 +22,7 @@ from ..analysis.facts import IDENTITY, Facts, negate
 from ..analysis.roles import Roles, kernel_nodes, reduction_deps, roles
 from ..ir.loops import Affine, LNode, Var, rounds_input
 from ..partition.plan import KernelPlan
-from .online import ONLINE_RULES, Site
+from . import online
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +233,7 @@ def _carry(sched: Schedule, compute: list[LNode], boundary: frozenset[LNode], lo
     red_set = set(reds)
     deps = reduction_deps(compute, loop, boundary)
     memo: dict = {}
-    site = Site(loop, red_set, lambda f: _reaches(f, red_set, boundary, memo))
+    site = online.Site(loop, red_set, lambda f: _reaches(f, red_set, boundary, memo))
     later: dict[LNode, set[LNode]] = {r: set() for r in reds}   # deps that need an earlier pass
     for r in reds:
         acc = Accum(r, r.attrs["kind"])
@@ -243,7 +243,7 @@ def _carry(sched: Schedule, compute: list[LNode], boundary: frozenset[LNode], lo
             acc.kept = [(r.args[0], 1)]
             continue
         for f, p in factorize(r.args[0], atoms=boundary):
-            carry = next((c for rule in ONLINE_RULES if (c := rule(f, p, site)) is not None), None)
+            carry = next((c for rule in online.ONLINE_RULES if (c := rule(f, p, site)) is not None), None)
             if carry is None:             # no rule carries it: it waits for a later pass
                 acc.kept.append((f, p))
                 later[r] |= site.touched(f)

@@ -1,0 +1,72 @@
+"""The emitter's local forms (codegen/forms.py), each on its own: on a program where it applies, it fires (its
+Triton shows in the source) and the kernels match eager; with it left out of FORMS, the same program still
+matches eager through the op's own template (or, for a power, runs in eager with the reason)."""
+import math
+import re
+import warnings
+
+import pytest
+import torch
+
+import flashtensor as ft
+from conftest import assert_close
+from flashtensor import workloads as W
+from flashtensor.codegen import forms
+
+G = torch.Generator().manual_seed(11)
+
+
+def _h2o(dtype):
+    return W.make("h2o", device="cpu", dtype=dtype, S=70, H=2, D=32, seed=3)
+
+
+def _thin_divisor():
+    return (lambda x: x / x.abs().sum(-1, keepdim=True)), (torch.randn(3, 37, 300, generator=G),)
+
+
+def _plus_zero():
+    fn = lambda q, k: torch.softmax(q @ k.transpose(-1, -2) + 0.0, dim=-1)
+    return fn, tuple(torch.randn(2, 40, 16, generator=G) for _ in range(2))
+
+
+def _square():
+    return (lambda x: (torch.softmax(x, -1) ** 2).sum(-1)), (torch.randn(3, 37, 300, generator=G),)
+
+
+# form, program, what its Triton looks like, what the op's own template looks like instead
+CASES = {
+    "normalised_exp": (lambda: _h2o(torch.float32), r"p_\d+ = tl\.exp2\(", r"rcp_\d+ = 1\.0 / "),
+    "thin_divisor": (_thin_divisor, r"rcp_\d+ = 1\.0 / ", r"x_\d+ = \(x_\d+ / x_\d+\)"),
+    "fp16_scale": (lambda: _h2o(torch.float16), r"_scale_f16\(", r"\(x_\d+ \* " + re.escape(repr(1 / math.sqrt(32)))),
+    "identity_operand": (_plus_zero, None, r" \+ 0\.0\)"),
+    "square": (_square, r"(x_\d+) = (x_\d+) \* \2\n", None),
+}
+
+
+def _sources(fn, args):
+    compiled = ft.compile(fn, cache=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = compiled(*args)
+    assert_close(out, fn(*args))
+    plan = compiled.program_for(args).plan
+    return "\n".join(k.source for k in plan.kernels), plan.notes
+
+
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("kept", [True, False], ids=["with", "without"])
+def test_each_form_fires_and_leaving_it_out_keeps_the_answer(name, kept, monkeypatch):
+    build, fired, plain = CASES[name]
+    rule = getattr(forms, name)
+    assert rule in forms.FORMS
+    if not kept:
+        monkeypatch.setattr(forms, "FORMS", [f for f in forms.FORMS if f is not rule])
+    src, notes = _sources(*build())
+    if name == "square" and not kept:      # no other lowering of pow: eager runs it, and says why
+        assert not src and any("no Triton lowering for op 'pow'" in n for n in notes), notes
+        return
+    assert src, notes
+    if fired:
+        assert bool(re.search(fired, src)) is kept, name
+    if plain:
+        assert bool(re.search(plain, src)) is not kept, name

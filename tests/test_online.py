@@ -1,0 +1,44 @@
+"""The online rules (schedule/online.py), each on its own: with a rule left out, the same program still
+matches eager and the loop-form evaluator, its schedule takes the passes the remaining rules allow, and
+what the rule carries (a rescale, a factor moved out of the sum) is gone from the schedule."""
+import warnings
+
+import pytest
+import torch
+
+import flashtensor as ft
+from conftest import assert_close
+from flashtensor import workloads as W
+from flashtensor.ir.loops import evaluate_loops
+from flashtensor.schedule import online
+
+ALL = online.ONLINE_RULES
+WITHOUT = {rule.__name__: [r for r in ALL if r is not rule] for rule in ALL}
+
+
+def _compile(rules, monkeypatch):
+    monkeypatch.setattr(online, "ONLINE_RULES", rules)
+    fn, args = W.make("attn", device="cpu", dtype=torch.float32, S=70, H=2, D=16, seed=4)
+    compiled = ft.compile(fn, cache=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = compiled(*args)
+    assert_close(out, fn(*args))
+    plan = compiled.program_for(args).plan
+    loops = plan.stages["rewrites"]
+    assert_close(out, evaluate_loops(loops, list(args))[0].to(out.dtype).reshape(out.shape))
+    return ft.explain(compiled, *args).properties[0].loop
+
+
+@pytest.mark.parametrize("rules,passes,rescaled,pulled", [
+    (ALL, 1, True, True),                               # flash attention: one pass, online softmax
+    (WITHOUT["independent"], 1, True, True),            # plain factors fall through every rule and stay put
+    (WITHOUT["running_max"], 2, False, True),           # the row max first, then the normaliser and output
+    (WITHOUT["loop_invariant"], 2, True, False),        # 1 / l cannot move out: the output waits for l
+    ([online.independent], 3, False, False),            # max, then normaliser, then output
+])
+def test_each_rule_carries_its_factor_or_costs_a_pass(rules, passes, rescaled, pulled, monkeypatch):
+    loop = _compile(rules, monkeypatch)
+    assert f"in {passes} pass(es)" in loop, loop
+    assert ("rescaled by running max" in loop) is rescaled, loop
+    assert ("moved out of the sum" in loop) is pulled, loop
