@@ -15,6 +15,27 @@ def _session_cache_dir(tmp_path_factory):
     os.environ["FLASHTENSOR_CACHE_DIR"] = str(tmp_path_factory.mktemp("flashtensor-cache"))
 
 
+@pytest.fixture(autouse=True)
+def _unit_tests_launch_no_kernels(request, monkeypatch):
+    """The `unit` tier (pyproject.toml's markers) launches no generated kernel: for a test marked unit,
+    Launch.__call__ raises. The search catches errors of its stages (an internal compiler error falls back to
+    eager), so a launch is also recorded and fails the test at teardown, whatever caught the error."""
+    if request.node.get_closest_marker("unit") is None:
+        yield
+        return
+    from flashtensor.runtime.launch import Launch
+    launched = []
+
+    def refuse(self, *args, **kwargs):
+        launched.append(self.source.name)
+        raise AssertionError("unit tests launch no kernels")
+
+    monkeypatch.setattr(Launch, "__call__", refuse)
+    yield
+    if launched:
+        pytest.fail(f"unit tests launch no kernels: this one launched {launched}; mark it otherwise", pytrace=False)
+
+
 def assert_close(out, ref) -> None:
     """Every output matches eager: fp32 1e-4, fp16/bf16 2e-3 relative; bool/int exact; NaN/inf in the same places."""
     outs, refs = as_tuple(out), as_tuple(ref)
@@ -34,3 +55,18 @@ def each_partition(run) -> int:
         count = len(run(k).stages["partition"])
         k += 1
     return count
+
+
+# linear attention: no fused plan yet, for this reason (README, Status)
+LINEAR = ("ea", "sima")
+NOT_YET = "a sum over a three-variable product that is not a contraction"
+
+
+def runs_eagerly_for_the_known_reason(programs) -> None:
+    """Every program of EA or SimA runs in eager PyTorch, and says why: the partitioner found no plan, for the
+    reason it gives today. A crash (an internal compiler error) or a silently different path fails here, and so
+    does the day they fuse (then tests/test_frontend.py's strict xfail test_linear_attention_fuses passes too,
+    and both are updated)."""
+    notes = [n for p in programs for n in p.notes]
+    assert programs and not any(p.launches for p in programs), notes
+    assert notes and all(n.startswith("no fused plan: ") and NOT_YET in n for n in notes), notes

@@ -34,6 +34,7 @@ def synthetic() -> dict:
     }
 
 
+@pytest.mark.unit
 def test_markdown_has_numbers_and_ratios():
     md = to_markdown.markdown(synthetic())
     assert "NVIDIA H200, 2030-01-02T03:04:05+00:00" in md
@@ -49,6 +50,7 @@ def test_markdown_has_numbers_and_ratios():
     assert "- ea / flashtensor: OutOfMemoryError: CUDA out of memory" in md
 
 
+@pytest.mark.unit
 def test_markdown_takes_each_workloads_own_yardstick():
     """A run that timed SDPA on attn beside a workload divides by that time, and shows it."""
     res = synthetic()
@@ -62,6 +64,7 @@ def test_markdown_takes_each_workloads_own_yardstick():
     assert "| ea | 0.550 | 0.440 | - | error | - | - | - | - |" in lines
 
 
+@pytest.mark.unit
 def test_rounds_interleave_and_take_the_median(monkeypatch):
     """time_rounds: round r starts at the r-th system, every system once per round, the median kept; a system
     whose timing raises keeps its error and no time."""
@@ -89,12 +92,14 @@ def test_rounds_interleave_and_take_the_median(monkeypatch):
     assert recs["d"]["ms"] is None and "out of memory" in recs["d"]["error"]
 
 
+@pytest.mark.unit
 def test_plot_or_skip(tmp_path):
     pytest.importorskip("matplotlib")
     bench.plot(synthetic(), str(tmp_path / "p.png"))
     assert (tmp_path / "p.png").stat().st_size > 0
 
 
+@pytest.mark.unit
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
 def test_refuses_timing_on_cpu():
     assert bench.main(["attn"]) == 2
@@ -137,6 +142,7 @@ def test_ab_checks_each_tree_in_its_own_process(tmp_path):
     assert refused.returncode == 2 and "holding flashtensor/" in refused.stderr
 
 
+@pytest.mark.unit
 def test_bench_runs_from_the_package_alone(tmp_path):
     """`python -m flashtensor bench` needs only the installed package: a copy of flashtensor/ alone on
     PYTHONPATH, run from another folder, no repository root on sys.path. The harness must come from the copy:

@@ -347,6 +347,7 @@ def test_an_input_checked_in_parts_is_held_to_its_domain(value):
     assert_close(c(q, k, v, bad), ref)
 
 
+@pytest.mark.unit
 def test_input_domains_follow_the_ops_that_read_an_input():
     """log and rsqrt need positive values, sqrt non-negative ones, a divisor non-zero ones; through casts;
     an input read by several such ops needs all; one read only by arithmetic needs nothing."""
@@ -358,6 +359,7 @@ def test_input_domains_follow_the_ops_that_read_an_input():
     assert input_domains(loops) == {0: "positive", 2: "nonneg", 3: "nonzero", 4: "positive"}
 
 
+@pytest.mark.unit
 def test_narrowed_inputs_name_the_narrowest_cast_of_each_input():
     """A cast to a type with a smaller range narrows an input (float32 to fp16 or bf16, bf16 to fp16); a
     widening one, or a cast of a computed value, does not."""
@@ -382,6 +384,7 @@ def test_very_large_logits_do_not_overflow(dtype):
 
 # ---- empty dimensions ----------------------------------------------------------------------------
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", ["attn", "h2o"])
 @pytest.mark.parametrize("empty", ["batch", "queries", "keys", "queries and keys"])
 def test_empty_dimensions_give_eagers_result(name, empty):
@@ -403,6 +406,7 @@ def test_empty_dimensions_give_eagers_result(name, empty):
 
 # ---- bad input at call time ----------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_inputs_on_a_device_without_kernels_run_eagerly_with_the_reason():
     q, k, v = (t.to("meta") for t in qkv(1, 40, 2, 16))
     with pytest.warns(FallbackWarning, match="inputs on meta"):
@@ -411,6 +415,7 @@ def test_inputs_on_a_device_without_kernels_run_eagerly_with_the_reason():
     assert [(o.device.type, o.shape, o.dtype) for o in out] == [(r.device.type, r.shape, r.dtype) for r in ref]
 
 
+@pytest.mark.unit
 def test_values_made_from_intermediates_live_on_the_inputs_device():
     """zeros_like and triu of a computed value build index tensors and constants; in eager evaluation they
     must land on the inputs' device (they were put on the CPU: a device mismatch on any other device)."""
@@ -422,12 +427,14 @@ def test_values_made_from_intermediates_live_on_the_inputs_device():
         assert ft.compile(fn)(q, k).device.type == "meta"
 
 
+@pytest.mark.unit
 def test_mixed_devices_are_rejected():
     q, k, v = qkv(1, 40, 2, 16)
     with pytest.raises(ValueError, match="one device.*tensor argument 1 on meta"):
         ft.compile(workloads.attn)(q, k.to("meta"), v)
 
 
+@pytest.mark.unit
 def test_no_tensor_argument_is_rejected():
     with pytest.raises(TypeError, match="no tensor argument"):
         ft.compile(lambda x: x * 2.0)(3.0)
@@ -474,6 +481,7 @@ def test_in_place_write_to_an_intermediate_is_seen_by_later_reads():
     assert_close(out, fn(q, k, v))
 
 
+@pytest.mark.unit
 def test_writing_into_an_input_is_a_precise_error():
     def fn(q, k):
         q.mul_(2.0)

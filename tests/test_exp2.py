@@ -16,6 +16,8 @@ from flashtensor.transform.loopform import to_loops
 
 from conftest import rel_err
 
+pytestmark = pytest.mark.unit   # no test here launches a kernel (the tier: pyproject.toml)
+
 
 def _loops(fn, args):
     loops, consts = to_loops(fusable_part(decompose(capture(fn, list(args)))))

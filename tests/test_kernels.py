@@ -9,11 +9,15 @@ import warnings
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import flashtensor
 import flashtensor as ft
+from flashtensor import knobs
 from flashtensor import workloads as W
 from flashtensor.codegen.artifact import FINITE
+from flashtensor.codegen.triton_helpers import _scale_f16
 from flashtensor.runtime.launch import run_kernels
 from conftest import assert_close, each_partition
 
@@ -339,26 +343,59 @@ def test_every_tile_shape_the_gpu_tuner_tries(name):
             assert {rows, cols} <= set(k.blocks.values()), (rows, cols, k.name, k.blocks)
 
 
-@pytest.mark.parametrize("c", [1 / math.sqrt(128), 1 / math.sqrt(96), 1 / math.sqrt(40), 0.125, 0.1, 1 / 3, 2.5, -7.3])
-def test_fp16_scale_split_rounds_like_eager(c):
-    """The faithful kernels scale fp16 scores as fp16 x * hi + fp16(x * lo) in one fma (codegen.forms.split_f16).
-    Over every finite fp16 x it must stay within one fp16 step of eager's fp16(float32(x) * float32(c)), and
-    differ at all for few x: at most 4% of them, nearly all where x * lo is an fp16 subnormal (there the
-    product's rounding costs it its last bits). A constant whose remainder would be deep in the subnormals
-    gets no split: the kernel keeps the float32 multiply."""
+@triton.jit
+def _scaled_by_helper(x_ptr, out_ptr, n, C: tl.constexpr, HI2: tl.constexpr, LO2: tl.constexpr, BLOCK: tl.constexpr):
+    """Every element of x through codegen.triton_helpers._scale_f16, as generated kernels call it."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(out_ptr + offs, _scale_f16(x, C, HI2, LO2), mask=offs < n)
+
+
+def _rounds_like_eager(got, eager, x, lo) -> None:
+    """Within one fp16 step of eager everywhere, inf where eager is, different for at most 4% of x, and
+    nearly all of those where x * lo is an fp16 subnormal."""
     import numpy as np
-    assert flashtensor.codegen.forms.split_f16(1e-3) is None
-    c32, hi, lo = flashtensor.codegen.forms.split_f16(c)
-    x = np.arange(65536, dtype=np.uint16).view(np.float16)
-    x = x[np.isfinite(x)].astype(np.float64)
-    with np.errstate(over="ignore"):
-        eager = (x.astype(np.float32) * np.float32(c)).astype(np.float16).astype(np.float64)
-        part = (x * lo).astype(np.float16).astype(np.float64)       # the packed multiply: one rounding
-        fused = (x * hi + part).astype(np.float16).astype(np.float64)  # the fma: exact in float64, one rounding
     finite = np.isfinite(eager)
-    assert np.array_equal(np.isinf(fused), np.isinf(eager))
-    off = finite & (fused != eager)
+    assert np.array_equal(np.isinf(got), np.isinf(eager)) and not np.isnan(got).any()
+    off = finite & (got != eager)
     step = np.spacing(np.abs(eager[off]).astype(np.float16)).astype(np.float64)
-    assert (np.abs(fused[off] - eager[off]) <= step).all()
+    assert (np.abs(got[off] - eager[off]) <= step).all()
     assert off.sum() <= 0.04 * finite.sum(), off.sum()
     assert (off & (np.abs(x * lo) >= 2.0 ** -14)).sum() <= 1e-3 * finite.sum()
+
+
+@pytest.mark.parametrize("c", [1 / math.sqrt(128), 1 / math.sqrt(96), 1 / math.sqrt(40), 0.125, 0.1, 1 / 3, 2.5, -7.3])
+def test_fp16_scale_split_rounds_like_eager(c):
+    """The faithful kernels scale fp16 scores by codegen.triton_helpers._scale_f16: on the GPU fp16 x * hi +
+    fp16(x * lo) in one fma (inline asm; codegen.forms.split_f16 gives c32, hi and lo, forms._pair packs hi and
+    lo for it). The helper itself runs here, in a kernel of its own, on every finite fp16 x loaded as float32:
+    on a GPU (TRITON_INTERPRET=0) its asm, under the interpreter its interpreted branch. It must stay within
+    one fp16 step of eager's fp16(float32(x) * float32(c)), and differ at all for few x: at most 4% of them,
+    nearly all where x * lo is an fp16 subnormal (there the product's rounding costs it its last bits). The
+    asm's arithmetic is also modelled in float64 on the constants the kernel is given, so the CPU suite holds
+    the GPU's path, and split_f16's hi and lo, to the same bounds. A constant whose remainder would be deep in
+    the subnormals gets no split: the kernel keeps the float32 multiply."""
+    import numpy as np
+    from flashtensor.codegen.forms import _pair, split_f16
+    assert split_f16(1e-3) is None
+    c32, hi, lo = split_f16(c)
+    hi2, lo2 = _pair(hi), _pair(lo)
+    device = "cuda" if torch.cuda.is_available() and not knobs.interpret() else "cpu"
+    bits = np.arange(65536, dtype=np.uint16)
+    x16 = torch.from_numpy(bits.view(np.float16).copy())
+    x16 = x16[torch.isfinite(x16)].to(device)
+    out = torch.empty(x16.shape, dtype=torch.float32, device=device)
+    _scaled_by_helper[(triton.cdiv(x16.numel(), 4096),)](x16.float(), out, x16.numel(), c32, hi2, lo2, BLOCK=4096)
+    eager = (x16 * c).double().cpu().numpy()
+    x = x16.double().cpu().numpy()
+    _rounds_like_eager(out.double().cpu().numpy(), eager, x, lo)
+
+    # the asm's arithmetic on the halves of hi2 and lo2 as it reads them: the packed multiply rounds once,
+    # the fma is exact in float64 and rounds once
+    halves = lambda p: np.array([p & 0xFFFF, (p >> 16) & 0xFFFF], dtype=np.uint16).view(np.float16).astype(np.float64)
+    (h, h_), (l, l_) = halves(hi2), halves(lo2)
+    assert h == h_ == hi and l == l_ == lo and c32 == float(np.float32(c))
+    with np.errstate(over="ignore"):
+        part = (x * l).astype(np.float16).astype(np.float64)
+        fused = (x * h + part).astype(np.float16).astype(np.float64)
+    _rounds_like_eager(fused, eager, x, lo)

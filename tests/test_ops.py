@@ -14,6 +14,8 @@ from flashtensor.ir import loops
 from flashtensor.ir.ops import COMPOSITE, ELEMENTWISE, EVAL, GROUP, Group, Op
 from flashtensor.transform import decompose, loopform
 
+pytestmark = pytest.mark.unit   # no test here launches a kernel (the tier: pyproject.toml)
+
 PACKAGE = Path(flashtensor.__file__).parent
 FX_KINDS = {"placeholder", "call_function", "call_method", "call_module", "get_attr", "output"}   # torch.fx's .op
 # ops no ATen call captures to: the stages produce them (capture itself: input, const; exp2 folding: log2_approx;
