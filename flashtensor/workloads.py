@@ -1,10 +1,12 @@
-"""Reference workloads (the project's own copy of shared/workloads.py): the attention variants that motivate property-aware fusion.
+"""Reference workloads (the project's own copy of shared/workloads.py): the attention variants that motivate
+property-aware fusion.
 
 Each builder returns (fn, inputs) where fn(*inputs) is plain PyTorch eager code.
 Shapes follow the published evaluation: batch 1, 32 heads, head dim 128,
 4096 queries and keys, fp16; EA and SimA use (64, 784, 128) fp32 activations.
 """
 import math
+
 import torch
 import torch.nn.functional as F
 
@@ -97,7 +99,10 @@ SMALL = dict(S=128, H=2, D=32, B=1, N=96, BL=2)         # for CPU tests under th
 def make(name, device="cuda", S=4096, H=32, D=128, B=1, N=784, BL=64, dtype=torch.float16, seed=0):
     """Return (fn, args). S/H/D/B shape the attention family; BL x N x 128 is the EA/SimA input."""
     g = torch.Generator(device=device).manual_seed(seed)
-    r = lambda *shape, dt=dtype: torch.randn(*shape, generator=g, device=device, dtype=dt)
+
+    def r(*shape, dt=dtype):
+        return torch.randn(*shape, generator=g, device=device, dtype=dt)
+
     if name in ("ea", "sima"):
         f32 = torch.float32
         x = r(BL, N, 128, dt=f32)

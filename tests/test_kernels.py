@@ -12,10 +12,10 @@ import torch
 
 import flashtensor
 import flashtensor as ft
+from conftest import assert_close, each_partition
 from flashtensor import workloads as W
 from flashtensor.codegen.artifact import FINITE
 from flashtensor.runtime.launch import run_kernels
-from conftest import assert_close, each_partition
 
 FAMILY = ["attn", "h2o", "roco", "keyformer", "snapkv", "corm", "gemma2"]
 

@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
             line = next((ln for ln in run.stdout.splitlines() if ln.startswith("AB ")), None)
             if run.returncode or line is None:
                 failed = True
-                print(f"| {name} | {label} | crashed (rc {run.returncode}): {run.stderr.strip().splitlines()[-1:]} | | |")
+                last = run.stderr.strip().splitlines()[-1:]
+                print(f"| {name} | {label} | crashed (rc {run.returncode}): {last} | | |")
                 continue
             rec = json.loads(line[3:])
             if Path(rec["package"]).resolve() != (Path(tree) / "flashtensor").resolve():

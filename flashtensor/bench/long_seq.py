@@ -9,6 +9,7 @@ inputs plus outputs. A system that runs out of memory is recorded as OOM and not
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import statistics
@@ -117,8 +118,8 @@ def main(argv=None) -> int:
                     if name == "flashtensor" and S >= a.check_from:
                         row["check"] = check(*args[:3], outs)
                     del outs
-                    row["peak_bytes"] = _peak(lambda: f(*args))
-                    row["ms"] = _time(lambda: f(*args), reps=3 if S >= 32768 else 10)
+                    row["peak_bytes"] = _peak(functools.partial(f, *args))
+                    row["ms"] = _time(functools.partial(f, *args), reps=3 if S >= 32768 else 10)
             except torch.OutOfMemoryError:
                 row["error"] = "OOM"
                 dead.add(name)

@@ -92,7 +92,8 @@ def _time_table(results: dict) -> list[str]:
                  "the same rounds as the workload (SDPA-attn; for attn, its SDPA column).")
     else:
         single = next((y for y in yard.values() if y), None)
-        note += "ft / SDPA-attn: flashtensor's time over SDPA's on attn" + (f" ({_fmt_ms(single)} ms)." if single else ".")
+        note += "ft / SDPA-attn: flashtensor's time over SDPA's on attn" + \
+            (f" ({_fmt_ms(single)} ms)." if single else ".")
     return lines + ["", note]
 
 
@@ -109,8 +110,8 @@ def markdown(results: dict) -> str:
     lines.append("")
     if results["timed"]:
         rounds = results.get("rounds", 1)
-        lines += [f"Median ms of triton do_bench (warmup 25 ms, rep {results['rep_ms']} ms)"
-                  + (f"; each the median of {rounds} rounds that time every system in turn:" if rounds > 1 else ":"), ""]
+        each = f"; each the median of {rounds} rounds that time every system in turn:" if rounds > 1 else ":"
+        lines += [f"Median ms of triton do_bench (warmup 25 ms, rep {results['rep_ms']} ms){each}", ""]
         lines += _time_table(results) + [""]
     systems = results["systems"]
     rows = [[n] + [_check_cell(recs.get(s)) for s in systems] for n, recs in results["workloads"].items()]

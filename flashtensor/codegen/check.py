@@ -17,9 +17,8 @@ import torch
 from ..ir.loops import LNode, Var, exact_cast
 from .artifact import FINITE
 from .body import Body
-from .tiles import Tiles
 from .lower import TL, pow2, round_to
-
+from .tiles import Tiles
 
 CHECK_BLOCK = 8192      # most elements per step of the finite check
 CHECK_MARK = "     # check"   # ends the lines of the finite check inside a tile (the fixup pass drops them)

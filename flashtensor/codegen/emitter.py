@@ -8,7 +8,6 @@ finite check's lines are check.py's, the loop's structure loop.py's.
 """
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
@@ -146,7 +145,8 @@ class Emitter(Tiles):
         tv = self.tvars(n)
         if n in self.s.dots:
             a, b, k = self.s.dots[n]
-            lines.append(f"{out} = tl.dot({self.operand(a, n, True, ctx, lines)}, {self.operand(b, n, False, ctx, lines)}{self.dot_prec(a + b)})")
+            opa, opb = self.operand(a, n, True, ctx, lines), self.operand(b, n, False, ctx, lines)
+            lines.append(f"{out} = tl.dot({opa}, {opb}{self.dot_prec(a + b)})")
             return out, tv
         x = n.args[0]
         xt = self.tvars(x)

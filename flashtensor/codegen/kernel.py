@@ -35,7 +35,7 @@ def emit_kernel(spec: KernelSpec, cfg: TileConfig) -> KernelSource:
             shape = ", ".join(str(em.blk[v]) for v in em.tvars(a.node))
             init = lit(IDENTITY[a.kind]) if a.kind != "any" else "0"
             dt = "tl.int32" if a.kind == "any" else "tl.float32"
-            body.append(f"acc_{a.node.name} = tl.full([{shape}], {init}, {dt})" if shape else f"acc_{a.node.name} = {init}")
+            body.append(f"acc_{a.node.name} = " + (f"tl.full([{shape}], {init}, {dt})" if shape else init))
         early = s.stops_early(p)
         if early:   # tiles that can set an `any` first, the constant-folded ones (mostly false) last
             segments = sorted(segments, key=lambda seg: bool(seg[2] & set(s.special)))

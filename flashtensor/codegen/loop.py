@@ -11,9 +11,8 @@ from ..ir.loops import Affine, LNode
 from ..schedule.schedule import Accum, ScheduleError
 from . import check, forms
 from .body import Body
-from .tiles import Tiles
 from .lower import lit
-
+from .tiles import Tiles
 
 
 def segments(em: Tiles) -> list[tuple[str, str, frozenset, bool]]:

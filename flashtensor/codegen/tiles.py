@@ -44,10 +44,12 @@ class Tiles(abc.ABC):
         self.finals: dict[LNode, str] = {}      # loop reduction -> its value after its pass
         self.deps: dict[int, bool] = {}
         self.tmp = 0
-        self.checks: dict[int, tuple[LNode, Optional[str]]] = dict(spec.check.tiled)   # input -> (its tile load, domain)
+        # input -> (its tile load, domain)
+        self.checks: dict[int, tuple[LNode, Optional[str]]] = dict(spec.check.tiled)
         self.check_whole = False    # check_add keeps whole tiles (the loop over skipped tiles, see check.py)
         # (m, d) -> m + log2 d, stored by an earlier kernel (codegen/normalisers.py)
-        self.folded: dict[tuple[LNode, LNode], LNode] = {md: f for md, f in spec.folded.items() if set(md) <= s.boundary}
+        self.folded: dict[tuple[LNode, LNode], LNode] = {md: f for md, f in spec.folded.items()
+                                                          if set(md) <= s.boundary}
         self.ftz: frozenset[int] = spec.check.ftz   # inputs whose logs flush subnormals in the first pass
         self.narrowed: dict[int, torch.dtype] = dict(spec.check.narrowed)   # inputs the check tests as cast
         self.carriers: dict[str, list[Var]] = {}   # sum accumulators that took in a check (see loop.py)

@@ -180,7 +180,8 @@ def format_loops(g: LoopGraph) -> str:
     lines = ["loops(" + ", ".join(f"{v}<{v.extent}" for v in vs) + "):"]
     lines += ["  " + format_node(n) for n in g.nodes]
     for k, o in enumerate(g.outputs):
-        lines.append(f"  out{k}[" + ", ".join("(" + ",".join(map(repr, d)) + ")" for d in o.dims) + f"] = %{o.node.name}")
+        dims = ", ".join("(" + ",".join(map(repr, d)) + ")" for d in o.dims)
+        lines.append(f"  out{k}[{dims}] = %{o.node.name}")
     return "\n".join(lines)
 
 
@@ -188,7 +189,8 @@ def _compute_dtype(dt: torch.dtype) -> torch.dtype:
     return torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
 
 
-def evaluate_loops(g: LoopGraph, args: Sequence[torch.Tensor], env: dict[LNode, torch.Tensor] | None = None) -> list[torch.Tensor]:
+def evaluate_loops(g: LoopGraph, args: Sequence[torch.Tensor],
+                   env: dict[LNode, torch.Tensor] | None = None) -> list[torch.Tensor]:
     """Reference evaluator of the loop form: one torch tensor per node, one dim per variable (by id)."""
     device = args[0].device if args else torch.device("cpu")
     vals: dict[LNode, torch.Tensor] = dict(env or {})

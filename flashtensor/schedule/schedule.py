@@ -41,7 +41,8 @@ class Accum:
     pass_: int = 0
     kept: list[Factor] = field(default_factory=list)      # summand factors computed in the loop
     pulled: list[Factor] = field(default_factory=list)    # loop-invariant factors applied after the loop
-    rescale: list[tuple[LNode, str]] = field(default_factory=list)  # (running max d, "exp" or "exp2") of exp(. - d) factors
+    # (running max d, "exp" or "exp2") of exp(. - d) factors
+    rescale: list[tuple[LNode, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -176,8 +177,8 @@ def build_schedule(plan: KernelPlan, loop_choice: Optional[Var] = None) -> Sched
             try:
                 return _finish(plan, nodes, compute, boundary, batch, row, loop, whole, role)
             except ScheduleError as e:
-                errors.append(f"loop over {loop}" + (f", {sorted(extra, key=lambda v: v.id)} in the grid" if extra else "")
-                              + f": {e}")
+                grid = f", {sorted(extra, key=lambda v: v.id)} in the grid" if extra else ""
+                errors.append(f"loop over {loop}{grid}: {e}")
     raise ScheduleError("; ".join(errors))
 
 
