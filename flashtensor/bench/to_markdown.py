@@ -80,7 +80,7 @@ def _time_table(results: dict) -> list[str]:
         ratios.append(("ft vs torch.compile",
                        lambda n: _fmt_x(_ratio(ms(results, n, "compile"), ms(results, n, "flashtensor")))))
     if ft and side:
-        ratios.append(("SDPA-attn", lambda n: "-" if yard[n] is None else _fmt_ms(yard[n])))
+        ratios.append(("SDPA-attn", lambda n: "-" if (y := yard[n]) is None else _fmt_ms(y)))
     if ft and any(yard.values()):
         ratios.append(("ft / SDPA-attn", lambda n: _fmt_r(_ratio(ms(results, n, "flashtensor"), yard[n]))))
     rows = [[n] + [_time_cell(recs.get(s)) for s in systems] + [f(n) for _, f in ratios]

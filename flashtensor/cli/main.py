@@ -77,7 +77,7 @@ def _load_target(target: str, device: str) -> tuple[Callable, tuple]:
         raise SystemExit(f"error: {target!r} is neither a workload ({', '.join(workloads.NAMES)}) "
                          "nor path/to/file.py:function")
     spec = importlib.util.spec_from_file_location(Path(path).stem, path)
-    if spec is None or not Path(path).is_file():
+    if spec is None or spec.loader is None or not Path(path).is_file():
         raise SystemExit(f"error: no such file: {path}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

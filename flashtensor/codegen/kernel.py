@@ -29,6 +29,7 @@ def emit_kernel(spec: KernelSpec, cfg: TileConfig) -> KernelSource:
     final_cache: dict[int, tuple[str, list[Var]]] = {}
     segments = loop.segments(em) if s.loop is not None else []
     for p in range(s.passes if s.loop is not None else 0):
+        assert s.loop is not None     # no passes without a loop
         accs = [a for a in s.accums.values() if a.pass_ == p]
         running = {a.node: f"acc_{a.node.name}" for a in accs}
         for a in accs:

@@ -8,7 +8,7 @@ the local forms (forms.py) and the finite check (check.py) can ask for operands 
 from __future__ import annotations
 
 import abc
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -91,7 +91,7 @@ class Tiles(abc.ABC):
         conds = [f"({self.idx(v, tv)} < {v.extent})" for v in tv if self.partial(v)]
         return " & ".join(conds) if conds else None
 
-    def buffer(self, key, shape, dtype, kind, written: bool = False) -> str:
+    def buffer(self, key: Any, shape: Sequence[int], dtype: torch.dtype, kind: str, written: bool = False) -> str:
         if key not in self.bufs:
             self.bufs[key] = Buffer(f"{kind[:3]}{len(self.bufs)}", tuple(shape), dtype, kind, key)
         self.bufs[key].written |= written
@@ -124,7 +124,7 @@ class Tiles(abc.ABC):
                 n in self.s.accums or any(self.deps_acc(a) for a in n.inputs))
         return self.deps[id(n)]
 
-    def constant(self, a, region: frozenset):
+    def constant(self, a: Any, region: frozenset) -> Optional[float]:
         """The value of a literal, a scalar node, or a node constant on tiles where `region` holds."""
         if not isinstance(a, LNode):
             return float(a) if isinstance(a, (int, float)) and not isinstance(a, bool) else None

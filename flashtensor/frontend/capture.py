@@ -10,6 +10,7 @@ whose eager run would not fit in memory (h2o at 32K tokens) still compiles.
 """
 from __future__ import annotations
 
+import inspect
 import operator
 import os
 import traceback
@@ -41,7 +42,7 @@ class _SourceRecorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-_SKIP = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch,)) + (
+_SKIP = tuple(os.path.dirname(inspect.getfile(m)) + os.sep for m in (torch,)) + (
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)
 
 

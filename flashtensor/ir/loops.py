@@ -136,12 +136,12 @@ class NodeTable:
     def __init__(self) -> None:
         self.nodes: dict[tuple, LNode] = {}
 
-    def get(self, op: str, args: tuple, dtype: torch.dtype, vars_: tuple[Var, ...], attrs: dict) -> LNode:
+    def get(self, op: Op | str, args: tuple, dtype: torch.dtype, vars_: tuple[Var, ...], attrs: dict) -> LNode:
         key = (op, tuple(id(a) if isinstance(a, LNode) else ("s", type(a).__name__, a) for a in args), dtype,
                tuple(sorted((k, _hashable(v)) for k, v in attrs.items())))
         hit = self.nodes.get(key)
         if hit is None:
-            hit = self.nodes[key] = LNode(op, args, dtype, vars_, attrs)
+            hit = self.nodes[key] = LNode(Op(op), args, dtype, vars_, attrs)
         return hit
 
 
@@ -269,7 +269,7 @@ def exact_cast(n: LNode) -> bool:
     return b.max >= a.max and b.eps <= a.eps and b.smallest_normal <= a.smallest_normal
 
 
-def read_input(x) -> Optional[int]:
+def read_input(x: object) -> Optional[int]:
     """The program input that x is, directly or through casts; None for anything computed."""
     while isinstance(x, LNode) and x.op == "cast":
         x = x.args[0]

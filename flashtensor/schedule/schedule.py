@@ -81,7 +81,7 @@ class Schedule:
         accs = [a for a in self.accums.values() if a.pass_ == pass_]
         return bool(accs) and all(a.kind == "any" for a in accs)
 
-    def constant_on(self, n: LNode, region: frozenset):
+    def constant_on(self, n: LNode, region: frozenset) -> Optional[float]:
         """The constant `n` takes on tiles where every half-plane of `region` holds, if the facts give one."""
         for reg, value in self.facts.of(n):
             if reg and set(reg) <= region:
@@ -89,7 +89,7 @@ class Schedule:
         return None
 
 
-def factorize(x, power: int = 1, atoms: frozenset = frozenset()) -> list[Factor]:
+def factorize(x: Union[LNode, float, int], power: int = 1, atoms: frozenset = frozenset()) -> list[Factor]:
     """A product as its factors, seeing through mul, div and float casts, but not through `atoms`: the
     values a kernel loads from an earlier one are factors as they stand, since the nodes inside them are
     not the kernel's. A cast of an input that rounds (float32 q cast to fp16) stays a factor: eager's

@@ -93,8 +93,8 @@ class _LV:
     axes: list[list[Var]]
 
 
-def _mk(op: str, args: tuple, dtype: torch.dtype, **attrs) -> LNode:
-    return LNode(op, args, dtype, var_union(*(a.vars for a in args if isinstance(a, LNode))), attrs)
+def _mk(op: Op | str, args: tuple, dtype: torch.dtype, **attrs: object) -> LNode:
+    return LNode(Op(op), args, dtype, var_union(*(a.vars for a in args if isinstance(a, LNode))), attrs)
 
 
 class _Lowerer:
@@ -111,7 +111,7 @@ class _Lowerer:
     def load(self, source, shape: Sequence[int], dtype: torch.dtype) -> _LV:
         axes = self.fresh_axes(shape)
         index = tuple(Affine.of(a[0]) if a else Affine() for a in axes)
-        node = LNode("load", (), dtype, var_union(*axes), {"input": source, "index": index})
+        node = LNode(Op.LOAD, (), dtype, var_union(*axes), {"input": source, "index": index})
         return _LV(node, axes)
 
     # --- ops -------------------------------------------------------------------------
@@ -135,7 +135,7 @@ class _Lowerer:
         axes = self.fresh_axes(n.shape)
         v = axes[n.attrs["dim"]]
         expr = Affine.of(v[0]) if v else Affine()
-        return _LV(LNode("iota", (), n.dtype, tuple(v), {"expr": expr}), axes)
+        return _LV(LNode(Op.IOTA, (), n.dtype, tuple(v), {"expr": expr}), axes)
 
     def unary(self, n: Node, a: list) -> _LV:
         return _LV(_mk(n.op, (a[0].node,), n.dtype), a[0].axes)
@@ -393,7 +393,7 @@ def to_loops(g: Graph) -> tuple[LoopGraph, list[torch.Tensor]]:
         dims = [low.s.axis_atoms(ax) for ax in lv.axes]
         outs.append(LOutput(node, dims, tuple(o.shape), o.dtype))
     nodes = loop_topo([o.node for o in outs])
-    for k, n in enumerate(nodes):
-        n.name = f"t{k}"
+    for k, ln in enumerate(nodes):
+        ln.name = f"t{k}"
     ins = [(tuple(i.shape), i.dtype) for i in g.inputs] + [(tuple(c.shape), c.dtype) for c in low.consts]
     return LoopGraph(ins, nodes, outs), low.consts
