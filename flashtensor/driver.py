@@ -29,7 +29,7 @@ from .codegen.normalisers import folded_normalisers
 from .codegen.spec import KernelSpec
 from .frontend.capture import capture
 from .ir.graph import Graph
-from .ir.loops import LNode, LOutput, LoopGraph
+from .ir.loops import LNode, LoopGraph, LOutput
 from .options import Options
 from .partition.fusable import fusable_part
 from .partition.plan import KernelPlan, PartitionError, check_boundaries, partitions
@@ -267,7 +267,8 @@ def _log_plan(c: int, plans: list[KernelPlan], schedules: list[Schedule]) -> Non
     if not log.isEnabledFor(logging.DEBUG):
         return
     for k, (p, s) in enumerate(zip(plans, schedules)):
-        log.debug("partition %d kernel %d plan: stores %s, loads %s", c, k, p.roots, sorted(p.loads, key=lambda n: n.name))
+        log.debug("partition %d kernel %d plan: stores %s, loads %s", c, k, p.roots,
+                  sorted(p.loads, key=lambda n: n.name))
         log.debug("partition %d kernel %d schedule: batch %s, row %s, loop %s, whole %s, %d pass(es), skip %s",
                   c, k, s.batch, s.row, s.loop, s.whole, s.passes, [str(h) for h in s.skip])
 

@@ -40,7 +40,8 @@ class Options:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = set(fields) - names
         if unknown:
-            raise TypeError(f"unknown compile option(s): {', '.join(sorted(unknown))}; known: {', '.join(sorted(names))}")
+            raise TypeError(f"unknown compile option(s): {', '.join(sorted(unknown))}; "
+                            f"known: {', '.join(sorted(names))}")
         if "configs" in fields:
             fields["configs"] = tuple(c if isinstance(c, TileConfig) else TileConfig(*c) for c in fields["configs"])
         return cls(**fields)

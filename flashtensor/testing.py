@@ -16,7 +16,8 @@ def tolerance(dtype: torch.dtype) -> float:
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """norm(out - ref) / norm(ref) over the positions where `ref` is finite (inf or NaN if `out` is not finite there)."""
+    """norm(out - ref) / norm(ref) over the positions where `ref` is finite (inf or NaN if `out` is not finite
+    there)."""
     o, r = out.detach().cpu().double(), ref.detach().cpu().double()
     finite = torch.isfinite(r)
     diff = torch.linalg.vector_norm(o[finite] - r[finite]).item()
@@ -37,7 +38,8 @@ class Match:
 
 
 def compare(out: Any, ref: torch.Tensor) -> Match:
-    """Check `out` against the eager value `ref`: same shape and dtype, same NaN/inf positions, error within tolerance."""
+    """Check `out` against the eager value `ref`: same shape and dtype, same NaN/inf positions, error within
+    tolerance."""
     tol = tolerance(ref.dtype)
     if not isinstance(out, torch.Tensor):
         return Match(math.nan, tol, f"expected a tensor, got {type(out).__name__}")

@@ -104,7 +104,9 @@ def main() -> int:
         kernels(f"{name}/paper", *_paper(name), out)
     for fid, spec in zip(test_fuzz.FOUND_IDS, test_fuzz.FOUND):
         kernels(f"fuzz/{fid}", test_fuzz.build(spec), list(test_fuzz.inputs(spec)), out)
-    Path(a.json).write_text(json.dumps(out, indent=1, sort_keys=True))
+    text = json.dumps(out, indent=1, sort_keys=True)
+    Path(a.json).write_text(text)
+    out = json.loads(text)       # compared as read back (tuples become lists)
     print(f"{len(out)} kernel sources")
     if a.compare:
         old = json.loads(Path(a.compare).read_text())

@@ -7,15 +7,13 @@ import pytest
 import torch
 
 import flashtensor as ft
-from flashtensor import workloads
+from conftest import as_tuple, assert_close
+from flashtensor import FallbackWarning, workloads
 from flashtensor.analysis.facts import input_domains, narrowed_inputs
 from flashtensor.frontend.capture import CaptureError, capture
-from flashtensor import FallbackWarning
 from flashtensor.partition.fusable import fusable_part
 from flashtensor.transform.decompose import decompose
 from flashtensor.transform.loopform import to_loops
-
-from conftest import as_tuple, assert_close
 
 SEED = 4321
 

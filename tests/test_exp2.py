@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import rel_err
 from flashtensor import workloads
 from flashtensor.frontend.capture import capture
 from flashtensor.ir.loops import evaluate_loops
@@ -13,8 +14,6 @@ from flashtensor.partition.fusable import fusable_part
 from flashtensor.transform.decompose import decompose
 from flashtensor.transform.exp2 import LOG2E, fold_exp2
 from flashtensor.transform.loopform import to_loops
-
-from conftest import rel_err
 
 pytestmark = pytest.mark.unit   # no test here launches a kernel (the tier: pyproject.toml)
 

@@ -9,12 +9,10 @@ import pytest
 import torch
 
 import flashtensor as ft
-from flashtensor import workloads
+from conftest import LINEAR, assert_close, compare, rel_err, runs_eagerly_for_the_known_reason
+from flashtensor import FallbackWarning, workloads
 from flashtensor.ir.evaluate import evaluate
 from flashtensor.ir.ops import COMPOSITE
-from flashtensor import FallbackWarning
-
-from conftest import LINEAR, assert_close, compare, rel_err, runs_eagerly_for_the_known_reason
 
 SEED = 20240611
 
@@ -266,10 +264,10 @@ def test_summed_variable_is_not_captured_by_a_later_op():
     """`(q @ k.T).exp().sum(-2)` sums over q's rows; multiplying it with `q.sum(-1)` lines its key axis up with
     q's row axis. Tying the two variables would compute only the diagonal; the loop form renames the summed
     one apart (the evaluator of the loop form is checked, and the compiled result)."""
+    from flashtensor.frontend.capture import capture
     from flashtensor.ir.loops import evaluate_loops
     from flashtensor.transform.decompose import decompose
     from flashtensor.transform.loopform import to_loops
-    from flashtensor.frontend.capture import capture
 
     def fn(q, k):
         return (q @ k.transpose(-1, -2)).exp().sum(-2)[..., None] * q.sum(-1, keepdim=True)

@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 import flashtensor as ft
 from conftest import each_partition
 from flashtensor import FallbackWarning
-from flashtensor.runtime.plan import Program
 from flashtensor.options import CONFIGS
+from flashtensor.runtime.plan import Program
 from flashtensor.testing import as_tuple, compare, rel_err
 
 EXAMPLES = int(os.environ.get("FLASHTENSOR_FUZZ_EXAMPLES", "12"))

@@ -12,14 +12,13 @@ import torch
 import triton
 import triton.language as tl
 
-import flashtensor
 import flashtensor as ft
+from conftest import assert_close, each_partition
 from flashtensor import knobs
 from flashtensor import workloads as W
 from flashtensor.codegen.artifact import FINITE
 from flashtensor.codegen.triton_helpers import _scale_f16
 from flashtensor.runtime.launch import run_kernels
-from conftest import assert_close, each_partition
 
 FAMILY = ["attn", "h2o", "roco", "keyformer", "snapkv", "corm", "gemma2"]
 
@@ -376,6 +375,7 @@ def test_fp16_scale_split_rounds_like_eager(c):
     the GPU's path, and split_f16's hi and lo, to the same bounds. A constant whose remainder would be deep in
     the subnormals gets no split: the kernel keeps the float32 multiply."""
     import numpy as np
+
     from flashtensor.codegen.forms import _pair, split_f16
     assert split_f16(1e-3) is None
     c32, hi, lo = split_f16(c)
@@ -393,9 +393,9 @@ def test_fp16_scale_split_rounds_like_eager(c):
     # the asm's arithmetic on the halves of hi2 and lo2 as it reads them: the packed multiply rounds once,
     # the fma is exact in float64 and rounds once
     halves = lambda p: np.array([p & 0xFFFF, (p >> 16) & 0xFFFF], dtype=np.uint16).view(np.float16).astype(np.float64)
-    (h, h_), (l, l_) = halves(hi2), halves(lo2)
-    assert h == h_ == hi and l == l_ == lo and c32 == float(np.float32(c))
+    (h, h_), (lw, lw_) = halves(hi2), halves(lo2)
+    assert h == h_ == hi and lw == lw_ == lo and c32 == float(np.float32(c))
     with np.errstate(over="ignore"):
-        part = (x * l).astype(np.float16).astype(np.float64)
+        part = (x * lw).astype(np.float16).astype(np.float64)
         fused = (x * h + part).astype(np.float16).astype(np.float64)
     _rounds_like_eager(fused, eager, x, lo)

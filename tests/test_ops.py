@@ -9,8 +9,8 @@ import torch
 import flashtensor
 from flashtensor.codegen import forms, lower
 from flashtensor.frontend import capture
-from flashtensor.ir.graph import Builder
 from flashtensor.ir import loops
+from flashtensor.ir.graph import Builder
 from flashtensor.ir.ops import COMPOSITE, ELEMENTWISE, EVAL, GROUP, Group, Op
 from flashtensor.transform import decompose, loopform
 

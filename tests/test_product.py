@@ -14,12 +14,10 @@ import torch
 
 import flashtensor as ft
 import flashtensor.api.backend
-from flashtensor import workloads
-from flashtensor.cli import main as cli
-from flashtensor import FallbackWarning
-from flashtensor.runtime.cache import CacheWarning
-
 from conftest import LINEAR, assert_close, runs_eagerly_for_the_known_reason
+from flashtensor import FallbackWarning, workloads
+from flashtensor.cli import main as cli
+from flashtensor.runtime.cache import CacheWarning
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(workloads.SMALL, S=64, N=48)  # smaller still: the interpreter's time grows with the tiles

@@ -21,7 +21,7 @@ import torch
 from ..ir.loops import Affine, LNode, LoopGraph, read_input
 
 Region = tuple[Affine, ...]      # conjunction of half-planes e >= 0
-Fact = tuple[Region, object]     # the node equals the constant on the region
+Fact = tuple[Region, float]      # the node equals the constant (a float, int or bool) on the region
 
 IDENTITY = {"sum": 0.0, "max": -math.inf, "min": math.inf, "any": False}
 _OPS = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv}
@@ -95,6 +95,11 @@ class Facts:
             return Affine((), a)
         return None
 
+    def _affs(self, args: tuple) -> Optional[tuple[Affine, Affine]]:
+        """Both operands of a binary op as affine values, when both are."""
+        x, y = self._aff(args[0]), self._aff(args[1])
+        return None if x is None or y is None else (x, y)
+
     def _const_facts(self, a) -> list[Fact]:
         if isinstance(a, LNode):
             if a.op == "scalar":
@@ -109,12 +114,12 @@ class Facts:
             return []
         if op == "scalar":
             return [((), n.attrs["value"])]
-        if op in ("add", "sub") and all(self._aff(a) is not None for a in args):
-            x, y = self._aff(args[0]), self._aff(args[1])
+        if op in ("add", "sub") and (xy := self._affs(args)) is not None:
+            x, y = xy
             self.affine[n] = x + (y.scale(-1) if op == "sub" else y)
             return []
-        if op in ("ge", "gt", "le", "lt") and all(self._aff(a) is not None for a in args):
-            d = self._aff(args[0]) + self._aff(args[1]).scale(-1)        # x - y
+        if op in ("ge", "gt", "le", "lt") and (xy := self._affs(args)) is not None:
+            d = xy[0] + xy[1].scale(-1)        # x - y
             h = {"ge": d, "gt": d + Affine((), -1), "le": d.scale(-1), "lt": d.scale(-1) + Affine((), -1)}[op]
             return [((h,), True), ((negate(h),), False)]
         fs = [self._const_facts(a) for a in args]
@@ -203,7 +208,7 @@ def _fold(op: str, a, b):
     return None if isinstance(v, float) and math.isnan(v) else v
 
 
-def nan_absorbing_maxima(g) -> set[LNode]:
+def nan_absorbing_maxima(g: LoopGraph) -> set[LNode]:
     """Max/min reductions that may skip NaN operands (the GPU's fast max does) without changing any result.
 
     A softmax stabiliser d = max_v y is read only as exp(y - d), and that only by sums over v of it or

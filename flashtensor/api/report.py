@@ -47,7 +47,8 @@ class Report:
         self.plan = plan
         self.kernels: list[KernelInfo] = []
         for k in plan.kernels:
-            ins, outs = [], []
+            ins: list[TensorInfo] = []
+            outs: list[TensorInfo] = []
             for b in k.buffers:
                 info = TensorInfo(b.name, b.shape, b.dtype, b.kind)
                 (outs if b.written else ins).append(info)

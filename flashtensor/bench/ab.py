@@ -21,6 +21,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:     # imported lazily at run time: the worker runs whichever flashtensor is on sys.path
+    from flashtensor.codegen.artifact import KernelSource
+    from flashtensor.runtime.plan import Program
 
 
 def worker(name: str, shape: str, rep: int | None) -> dict:
@@ -48,7 +53,7 @@ def worker(name: str, shape: str, rep: int | None) -> dict:
     return rec
 
 
-def kernel_times(prog, args: tuple, rep: int) -> list:
+def kernel_times(prog: Program, args: tuple, rep: int) -> list[tuple[KernelSource, float]]:
     """(KernelSource, median ms) of each of a compiled program's kernels launched alone (GPU only)."""
     from triton.testing import do_bench
 
@@ -96,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             line = next((ln for ln in run.stdout.splitlines() if ln.startswith("AB ")), None)
             if run.returncode or line is None:
                 failed = True
-                print(f"| {name} | {label} | crashed (rc {run.returncode}): {run.stderr.strip().splitlines()[-1:]} | | |")
+                last = run.stderr.strip().splitlines()[-1:]
+                print(f"| {name} | {label} | crashed (rc {run.returncode}): {last} | | |")
                 continue
             rec = json.loads(line[3:])
             if Path(rec["package"]).resolve() != (Path(tree) / "flashtensor").resolve():

@@ -79,10 +79,13 @@ def _flex(name: str, fn: Callable, args: tuple) -> Callable:
     offset = k.shape[1] - q.shape[1]  # the workloads' causal mask is aligned bottom-right
     mask = create_block_mask(lambda b, h, qi, ki: ki <= qi + offset, None, None, q.shape[1], k.shape[1],
                              device=q.device)
-    score_mod = None
+    score_mod: Callable | None = None
     if name == "gemma2":
         cap = inspect.signature(fn).parameters["cap"].default
-        score_mod = lambda s, b, h, qi, ki: torch.tanh(s / cap) * cap
+
+        def soft_cap(s, b, h, qi, ki):
+            return torch.tanh(s / cap) * cap
+        score_mod = soft_cap
     flex = _compiled_flex()
 
     def run(q, k, v):
@@ -170,12 +173,12 @@ def ceilings() -> dict:
     n = 8192
     a = torch.randn(n, n, device="cuda", dtype=torch.float16)
     b = torch.randn(n, n, device="cuda", dtype=torch.float16)
-    t = do_bench(lambda: torch.matmul(a, b), return_mode="median")
+    t = do_bench(functools.partial(torch.matmul, a, b), return_mode="median")
     tflops = 2 * n ** 3 / (t * 1e-3) / 1e12
     del a, b
     src = torch.empty(2 ** 31, device="cuda", dtype=torch.uint8)
     dst = torch.empty_like(src)
-    t = do_bench(lambda: dst.copy_(src), return_mode="median")
+    t = do_bench(functools.partial(dst.copy_, src), return_mode="median")
     tbps = 2 * src.nbytes / (t * 1e-3) / 1e12
     del src, dst
     _free()
@@ -210,7 +213,8 @@ class Progress:
         if rec["error"]:
             text = rec["error"]
         else:
-            checks = [f"rel err {e:.1e}" for e in rec["rel_err"]] + [f"bool mismatch {m:.1e}" for m in rec["bool_mismatch"]]
+            checks = [f"rel err {e:.1e}" for e in rec["rel_err"]] + \
+                [f"bool mismatch {m:.1e}" for m in rec["bool_mismatch"]]
             text = ", ".join(checks) + ("" if rec["ok"] else " FAILED")
         self._print("    " + text)
         if self.bar is not None:
@@ -275,7 +279,8 @@ def plot(results: dict, path: str) -> bool:
     width = 0.8 / max(len(systems), 1)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(names)), 4.0))
     for i, s in enumerate(systems):
-        bars = [(j + (i - (len(systems) - 1) / 2) * width, to_markdown.speedup(results, n, s)) for j, n in enumerate(names)]
+        bars = [(j + (i - (len(systems) - 1) / 2) * width, to_markdown.speedup(results, n, s))
+                for j, n in enumerate(names)]
         bars = [(x, y) for x, y in bars if y]
         if bars:
             ax.bar([x for x, _ in bars], [y for _, y in bars], width, label=LABELS[s])
@@ -307,9 +312,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rep", type=int, default=200, help="do_bench rep, in ms")
     p.add_argument("--rounds", type=int, default=3, choices=range(1, 100), metavar="N",
                    help="time each system N times, interleaved; report the median (default %(default)s)")
-    p.add_argument("--json", default="bench.json", help="write every measurement here ('' for none; default %(default)s)")
+    p.add_argument("--json", default="bench.json",
+                   help="write every measurement here ('' for none; default %(default)s)")
     p.add_argument("--plot", default="bench.png",
-                   help="write a PNG bar chart of speedups over eager here ('' for none; default %(default)s; needs matplotlib)")
+                   help="write a PNG bar chart of speedups over eager here "
+                        "('' for none; default %(default)s; needs matplotlib)")
     p.add_argument("--check-only", action="store_true", help="correctness checks only, no timing (works on CPU)")
     return p
 
@@ -325,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     if not cuda:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # read by triton when flashtensor defines its kernels
     import triton
+
     from flashtensor import workloads
 
     names = args.workloads or list(workloads.NAMES)

@@ -20,7 +20,8 @@ def main(argv: list[str] | None = None) -> int:
         c = ft.compile(fn)
         c(*args)
         for k, ms in kernel_times(next(iter(c.programs.values())), args, rep=50):
-            print(f"{name} {k.name}: {ms:.3f} ms grid={k.grid} blocks={k.blocks} warps={k.num_warps} stages={k.num_stages}")
+            print(f"{name} {k.name}: {ms:.3f} ms grid={k.grid} blocks={k.blocks} "
+                  f"warps={k.num_warps} stages={k.num_stages}")
     return 0
 
 

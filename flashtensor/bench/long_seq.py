@@ -9,10 +9,12 @@ inputs plus outputs. A system that runs out of memory is recorded as OOM and not
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import statistics
 import sys
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -47,7 +49,8 @@ def _peak(fn) -> int:
     return torch.cuda.max_memory_allocated()
 
 
-def reference(q, k, v, heads, rows, cols, chunk=4096):
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: list[int], rows: list[int], cols: list[int],
+              chunk: int = 4096) -> tuple[list[tuple[int, list[int], torch.Tensor]], torch.Tensor]:
     """Eager's h2o semantics (fp16 scores, float32 softmax) in float32 chunks, for a few heads:
     the attention output at `rows` and the column sums at `cols`."""
     S = q.shape[1]
@@ -70,7 +73,7 @@ def reference(q, k, v, heads, rows, cols, chunk=4096):
     return o_rows, torch.stack(col)
 
 
-def check(q, k, v, outs) -> dict:
+def check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, outs: tuple[torch.Tensor, torch.Tensor]) -> dict:
     S = q.shape[1]
     g = torch.Generator().manual_seed(S)
     heads = [0, H - 1]
@@ -88,7 +91,7 @@ def check(q, k, v, outs) -> dict:
             "ok": max(errs_o) <= 2e-3 and err_col <= 1e-4}
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
     p.add_argument("--systems", default="flashtensor,eager,compile")
@@ -99,13 +102,13 @@ def main(argv=None) -> int:
     systems = a.systems.split(",")
     dead: set[str] = set()
     rows = []
-    compiled = {"flashtensor": ft.compile(workloads.h2o), "eager": workloads.h2o,
+    compiled: dict[str, Callable] = {"flashtensor": ft.compile(workloads.h2o), "eager": workloads.h2o,
                 "compile": torch.compile(workloads.h2o)}
     for S in map(int, a.lengths.split(",")):
         fn, args = workloads.make("h2o", device="cuda", dtype=torch.float16, S=S, H=H, D=D, B=1, seed=1)
         io = sum(t.numel() * t.element_size() for t in args) + args[0].numel() * 2 + H * S * 4
         for name in systems:
-            row = {"S": S, "system": name, "io_bytes": io}
+            row: dict[str, Any] = {"S": S, "system": name, "io_bytes": io}
             if name in dead:
                 row["error"] = "skipped: out of memory at a shorter length"
                 rows.append(row)
@@ -115,10 +118,10 @@ def main(argv=None) -> int:
                 with torch.no_grad():
                     outs = f(*args)
                     if name == "flashtensor" and S >= a.check_from:
-                        row["check"] = check(*args[:3], outs)
+                        row["check"] = check(args[0], args[1], args[2], outs)
                     del outs
-                    row["peak_bytes"] = _peak(lambda: f(*args))
-                    row["ms"] = _time(lambda: f(*args), reps=3 if S >= 32768 else 10)
+                    row["peak_bytes"] = _peak(functools.partial(f, *args))
+                    row["ms"] = _time(functools.partial(f, *args), reps=3 if S >= 32768 else 10)
             except torch.OutOfMemoryError:
                 row["error"] = "OOM"
                 dead.add(name)
@@ -127,7 +130,7 @@ def main(argv=None) -> int:
                 dead.add(name)
             torch.cuda.empty_cache()
             rows.append(row)
-            peak = row.get("peak_bytes")
+            peak = row.get("peak_bytes", 0)     # set whenever row["ms"] is
             print(f"S={S:6d} {name:12s} " + (f"{row['ms']:10.3f} ms  peak {peak / 2**30:7.2f} GiB  "
                                               f"peak/(in+out) {peak / io:5.2f}" if "ms" in row else row["error"])
                   + (f"  check: o {row['check']['rel_err_o']:.1e}, colsum {row['check']['rel_err_colsum']:.1e}, "

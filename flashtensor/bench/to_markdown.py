@@ -80,7 +80,7 @@ def _time_table(results: dict) -> list[str]:
         ratios.append(("ft vs torch.compile",
                        lambda n: _fmt_x(_ratio(ms(results, n, "compile"), ms(results, n, "flashtensor")))))
     if ft and side:
-        ratios.append(("SDPA-attn", lambda n: "-" if yard[n] is None else _fmt_ms(yard[n])))
+        ratios.append(("SDPA-attn", lambda n: "-" if (y := yard[n]) is None else _fmt_ms(y)))
     if ft and any(yard.values()):
         ratios.append(("ft / SDPA-attn", lambda n: _fmt_r(_ratio(ms(results, n, "flashtensor"), yard[n]))))
     rows = [[n] + [_time_cell(recs.get(s)) for s in systems] + [f(n) for _, f in ratios]
@@ -92,7 +92,8 @@ def _time_table(results: dict) -> list[str]:
                  "the same rounds as the workload (SDPA-attn; for attn, its SDPA column).")
     else:
         single = next((y for y in yard.values() if y), None)
-        note += "ft / SDPA-attn: flashtensor's time over SDPA's on attn" + (f" ({_fmt_ms(single)} ms)." if single else ".")
+        note += "ft / SDPA-attn: flashtensor's time over SDPA's on attn" + \
+            (f" ({_fmt_ms(single)} ms)." if single else ".")
     return lines + ["", note]
 
 
@@ -109,8 +110,8 @@ def markdown(results: dict) -> str:
     lines.append("")
     if results["timed"]:
         rounds = results.get("rounds", 1)
-        lines += [f"Median ms of triton do_bench (warmup 25 ms, rep {results['rep_ms']} ms)"
-                  + (f"; each the median of {rounds} rounds that time every system in turn:" if rounds > 1 else ":"), ""]
+        each = f"; each the median of {rounds} rounds that time every system in turn:" if rounds > 1 else ":"
+        lines += [f"Median ms of triton do_bench (warmup 25 ms, rep {results['rep_ms']} ms){each}", ""]
         lines += _time_table(results) + [""]
     systems = results["systems"]
     rows = [[n] + [_check_cell(recs.get(s)) for s in systems] for n, recs in results["workloads"].items()]

@@ -19,8 +19,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 import flashtensor as ft
-from flashtensor import knobs
-from flashtensor import workloads
+from flashtensor import knobs, workloads
 from flashtensor.testing import as_tuple, compare
 
 
@@ -75,9 +74,10 @@ def _load_target(target: str, device: str) -> tuple[Callable, tuple]:
         return _workload(target, device)
     path, sep, name = target.rpartition(":")
     if not sep or not path.endswith(".py"):
-        raise SystemExit(f"error: {target!r} is neither a workload ({', '.join(workloads.NAMES)}) nor path/to/file.py:function")
+        raise SystemExit(f"error: {target!r} is neither a workload ({', '.join(workloads.NAMES)}) "
+                         "nor path/to/file.py:function")
     spec = importlib.util.spec_from_file_location(Path(path).stem, path)
-    if spec is None or not Path(path).is_file():
+    if spec is None or spec.loader is None or not Path(path).is_file():
         raise SystemExit(f"error: no such file: {path}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -103,7 +103,8 @@ def cmd_bench(args: argparse.Namespace, device: str) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m flashtensor", description="FlashTensor: fused Triton kernels from plain-PyTorch attention variants.")
+    p = argparse.ArgumentParser(prog="python -m flashtensor",
+                                description="FlashTensor: fused Triton kernels from plain-PyTorch attention variants.")
     sub = p.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("demo", help="compile one workload, check it against eager, and time it on CUDA")

@@ -22,7 +22,8 @@ class Buffer:
     shape: tuple[int, ...]
     dtype: torch.dtype
     kind: str                  # input | output | intermediate
-    source: Any = None         # ("in", program input index), an LOutput or LNode while planning; a plain key once planned
+    # ("in", program input index), an LOutput or LNode while planning; a plain key once planned
+    source: Any = None
     written: bool = False      # the kernel stores into it
 
 

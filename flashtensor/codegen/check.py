@@ -17,9 +17,8 @@ import torch
 from ..ir.loops import LNode, Var, exact_cast
 from .artifact import FINITE
 from .body import Body
-from .tiles import Tiles
 from .lower import TL, pow2, round_to
-
+from .tiles import Tiles
 
 CHECK_BLOCK = 8192      # most elements per step of the finite check
 CHECK_MARK = "     # check"   # ends the lines of the finite check inside a tile (the fixup pass drops them)
@@ -119,31 +118,34 @@ def program_check(em: Tiles, slots: int, check: dict, part: int, tiles: int, sta
     skipped = []
     looped = [n for n, _ in em.checks.values() if em.s.loop in n.vars]
     if looped:
-        L, bl = em.s.loop, em.blk[em.s.loop]
+        L = em.s.loop
+        assert L is not None    # looped loads vary along the loop
+        bl = em.blk[L]
         ctx = Body(0, frozenset(), True, {})
         em.check_whole = True
         for n in looped:
             em.compute(n, ctx, ctx.lines)
         em.check_whole = False
         for n in looped:
-            i, shape = n.attrs["input"], ", ".join(str(em.blk[v]) for v in em.tvars(n))
-            skipped.append(f"    chkt{i} = tl.zeros([{shape}], tl.float32)")
+            i, tile = n.attrs["input"], ", ".join(str(em.blk[v]) for v in em.tvars(n))
+            skipped.append(f"    chkt{i} = tl.zeros([{tile}], tl.float32)")
             if em.checks[i][1]:
-                skipped.append(f"    chkm{i} = tl.full([{shape}], float(\"inf\"), tl.float32)")
+                skipped.append(f"    chkm{i} = tl.full([{tile}], float(\"inf\"), tl.float32)")
         for lo, hi in (("0", "lo"), (f"(hi + {bl - 1}) // {bl} * {bl}", str(L.extent))):
             skipped += [f"    for l0 in tl.range({lo}, {hi}, {bl}, num_stages={stages}):     # loop tiles it skipped",
                         f"        o_{L} = l0 + tl.arange(0, {bl})"] + ["        " + ln for ln in ctx.lines]
         for n in looped:
             i, ax = n.attrs["input"], em.tvars(n).index(L)
-            low = f" + tl.sum({_in_domain(f'chkm{i}', em.checks[i][1])}, {ax})" if em.checks[i][1] else ""
+            dom = em.checks[i][1]
+            low = f" + tl.sum({_in_domain(f'chkm{i}', dom)}, {ax})" if dom else ""
             skipped.append(f"    chk{i} += tl.sum(chkt{i}, {ax}){low}")
     sizes: dict[int, list[int]] = {}
     for i in check:
         sizes.setdefault(math.prod(em.inputs[i][0]), []).append(i)
     inits, out = [], []
-    for n, group in sizes.items():
-        span = -(-n // slots)
-        start, stop = part * span, min(n, (part + 1) * span)
+    for size, group in sizes.items():
+        span = -(-size // slots)
+        start, stop = part * span, min(size, (part + 1) * span)
         per = -(-(stop - start) // tiles)
         blk = min(CHECK_BLOCK, pow2(per))
         out += [f"    end = tl.minimum({start} + (pid64 + 1) * {per}, {stop})",

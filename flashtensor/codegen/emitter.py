@@ -8,14 +8,13 @@ finite check's lines are check.py's, the loop's structure loop.py's.
 """
 from __future__ import annotations
 
-import math
-from typing import Optional
+from typing import Any, Optional, Sequence
 
 import torch
 
 from ..analysis.facts import IDENTITY, exact_sum
 from ..ir.loops import LNode, LOutput, Var, read_input
-from ..schedule.schedule import ScheduleError
+from ..schedule.schedule import Factor, ScheduleError
 from . import check, forms
 from .body import Body
 from .lower import BINARY, HALF, NAN_REDUCE, TL, UNARY, contig, lit, round_to
@@ -25,7 +24,7 @@ from .tiles import Tiles
 class Emitter(Tiles):
     """Prints every value of a kernel as Triton; `Tiles` holds the kernel's state."""
 
-    def value(self, n: LNode, ctx: "Body") -> tuple[str, list[Var]]:
+    def value(self, n: LNode, ctx: Optional[Body]) -> tuple[str, list[Var]]:
         """Triton expression (a variable name) for node n, emitting its code where it belongs."""
         hit = ctx.lookup(n) if ctx else None
         if hit is None:
@@ -40,8 +39,10 @@ class Emitter(Tiles):
         if home == "pre":
             lines, store = self.pre, self.cache_pre
         else:
+            assert ctx is not None      # values of the loop body are asked for from a body
             lines, store = ctx.lines, ctx.cache
         const = self.s.constant_on(n, ctx.region) if (ctx is not None and ctx.region) else None
+        res: tuple[str, list[Var]]
         if const is not None:
             res = (lit(const), [])
         else:
@@ -49,13 +50,13 @@ class Emitter(Tiles):
         store[id(n)] = res
         return res
 
-    def arg(self, a, tv: list[Var], ctx) -> str:
+    def arg(self, a: Any, tv: list[Var], ctx: Optional[Body]) -> str:
         if not isinstance(a, LNode):
             return lit(float(a) if isinstance(a, float) else a)
         e, have = self.value(a, ctx)
         return self.bcast(e, have, tv)
 
-    def compute(self, n: LNode, ctx, lines: list[str]) -> tuple[str, list[Var]]:
+    def compute(self, n: LNode, ctx: Optional[Body], lines: list[str]) -> tuple[str, list[Var]]:
         tv = self.tvars(n)
         out = self.fresh("x")
         op = n.op
@@ -112,8 +113,8 @@ class Emitter(Tiles):
             lines.append(f"{out} = " + self.rounded(n, UNARY[op].format(self.arg(n.args[0], tv, ctx))))
             return out, tv
         for form in forms.FORMS:       # local forms cheaper than the op as written (codegen/forms.py)
-            if (e := form(self, n, tv, ctx, lines)) is not None:
-                lines.append(f"{out} = {e}")
+            if (alt := form(self, n, tv, ctx, lines)) is not None:
+                lines.append(f"{out} = {alt}")
                 return out, tv
         if op in BINARY:
             expr = BINARY[op].format(self.arg(n.args[0], tv, ctx), self.arg(n.args[1], tv, ctx))
@@ -123,7 +124,7 @@ class Emitter(Tiles):
             return self.tile_reduce(n, ctx, lines, out)
         raise ScheduleError(f"no Triton lowering for op '{op}'")
 
-    def full(self, e: str, xs, tv: list[Var], ctx: "Body") -> str:
+    def full(self, e: str, xs: Sequence[object], tv: list[Var], ctx: Body) -> str:
         """`e`, computed from the values xs, as a tile over all of tv: constants in place of values that
         vary along tv (a constant-folded body) would otherwise leave it without those axes."""
         have = {v for x in xs for v in self.varies(x, ctx.region)}
@@ -132,7 +133,7 @@ class Emitter(Tiles):
         shape = ", ".join(str(self.blk[v]) for v in tv)
         return f"(tl.zeros([{shape}], tl.float32) + {e})"
 
-    def varies(self, x, region: frozenset) -> set:
+    def varies(self, x: object, region: frozenset) -> set[Var]:
         """The variables x's value varies along on tiles where `region` holds (its facts' constants do not)."""
         if not isinstance(x, LNode) or x.op == "scalar" or (region and self.s.constant_on(x, region) is not None):
             return set()
@@ -140,13 +141,14 @@ class Emitter(Tiles):
             return set(self.tvars(x))
         return set(self.tvars(x)) & {v for a in x.args for v in self.varies(a, region)}
 
-    def tile_reduce(self, n: LNode, ctx, lines, out) -> tuple[str, list[Var]]:
+    def tile_reduce(self, n: LNode, ctx: Optional[Body], lines: list[str], out: str) -> tuple[str, list[Var]]:
         """A reduction over a variable held whole in the tile (no loop)."""
         v, kind = n.attrs["var"], n.attrs["kind"]
         tv = self.tvars(n)
         if n in self.s.dots:
             a, b, k = self.s.dots[n]
-            lines.append(f"{out} = tl.dot({self.operand(a, n, True, ctx, lines)}, {self.operand(b, n, False, ctx, lines)}{self.dot_prec(a + b)})")
+            opa, opb = self.operand(a, n, True, ctx, lines), self.operand(b, n, False, ctx, lines)
+            lines.append(f"{out} = tl.dot({opa}, {opb}{self.dot_prec(a + b)})")
             return out, tv
         x = n.args[0]
         xt = self.tvars(x)
@@ -161,10 +163,10 @@ class Emitter(Tiles):
             lines.append(f"{out} = {self.extreme(n, kind, e, xt.index(v))}")
         return out, tv
 
-    def dot_prec(self, factors) -> str:
+    def dot_prec(self, factors: Sequence[Factor]) -> str:
         return "" if self.half(factors) else ', input_precision="ieee"'
 
-    def half(self, factors) -> Optional[torch.dtype]:
+    def half(self, factors: Sequence[Factor]) -> Optional[torch.dtype]:
         """Operand precision of a contraction: the half type of any operand, else float32.
         Triton's CPU interpreter computes bf16 dots wrongly, so there they run in float32."""
         bf16_ok = not self.spec.interpret
@@ -176,7 +178,8 @@ class Emitter(Tiles):
                 return dt
         return None
 
-    def operand(self, factors, red: LNode, is_a: bool, ctx, lines, mask_loop: bool = False) -> str:
+    def operand(self, factors: Sequence[Factor], red: LNode, is_a: bool, ctx: Optional[Body], lines: list[str],
+                mask_loop: bool = False) -> str:
         """Product of factors as a 2-D dot operand: [M, K] for A, [K, N] for B."""
         a, b, k = self.s.dots[red]
         tv = self.tvars(red)          # (M, N) in canonical order

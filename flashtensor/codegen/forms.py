@@ -17,9 +17,8 @@ import torch
 from ..analysis.facts import nonnegative
 from ..ir.loops import LNode, Var
 from .body import Body
-from .tiles import Tiles
 from .lower import BINARY, HALF
-
+from .tiles import Tiles
 
 
 def normalised_exp(em: Tiles, n: LNode, tv: list[Var], ctx: Optional[Body], lines: list[str]) -> Optional[str]:

@@ -29,13 +29,14 @@ def emit_kernel(spec: KernelSpec, cfg: TileConfig) -> KernelSource:
     final_cache: dict[int, tuple[str, list[Var]]] = {}
     segments = loop.segments(em) if s.loop is not None else []
     for p in range(s.passes if s.loop is not None else 0):
+        assert s.loop is not None     # no passes without a loop
         accs = [a for a in s.accums.values() if a.pass_ == p]
         running = {a.node: f"acc_{a.node.name}" for a in accs}
         for a in accs:
             shape = ", ".join(str(em.blk[v]) for v in em.tvars(a.node))
             init = lit(IDENTITY[a.kind]) if a.kind != "any" else "0"
             dt = "tl.int32" if a.kind == "any" else "tl.float32"
-            body.append(f"acc_{a.node.name} = tl.full([{shape}], {init}, {dt})" if shape else f"acc_{a.node.name} = {init}")
+            body.append(f"acc_{a.node.name} = " + (f"tl.full([{shape}], {init}, {dt})" if shape else init))
         early = s.stops_early(p)
         if early:   # tiles that can set an `any` first, the constant-folded ones (mostly false) last
             segments = sorted(segments, key=lambda seg: bool(seg[2] & set(s.special)))

@@ -6,14 +6,18 @@ maxima first, then every accumulator of the pass, rescaled where a running max m
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..analysis.facts import IDENTITY
 from ..ir.loops import Affine, LNode
 from ..schedule.schedule import Accum, ScheduleError
 from . import check, forms
 from .body import Body
-from .tiles import Tiles
 from .lower import lit
+from .tiles import Tiles
 
+if TYPE_CHECKING:
+    from .emitter import Emitter
 
 
 def segments(em: Tiles) -> list[tuple[str, str, frozenset, bool]]:
@@ -23,6 +27,7 @@ def segments(em: Tiles) -> list[tuple[str, str, frozenset, bool]]:
     tail. Skipped tiles are left out. Every range that is not empty starts at a multiple of the loop block
     (an empty one may start at hi)."""
     s, L = em.s, em.s.loop
+    assert L is not None    # kernels without a loop have no segments
     bl = em.blk[L]
     lo, hi = ["0"], [str(L.extent)]
     ulo, uhi = ["0"], [str((L.extent // bl) * bl)]
@@ -47,7 +52,8 @@ def segments(em: Tiles) -> list[tuple[str, str, frozenset, bool]]:
         em.pre.append(f"hi = {L.extent}")
     em.pre.append(f"ua = tl.minimum(tl.maximum({_fold('tl.maximum', ulo)}, lo), hi)")
     em.pre.append(f"ub = tl.maximum(ua, {_fold('tl.minimum', uhi)})")
-    none, bulk = frozenset(), s.live
+    none: frozenset[Affine] = frozenset()
+    bulk = s.live
     segs = [("lo", "ua", none, True), ("ua", "ub", bulk, False), ("ub", "hi", none, True)]
     for h in s.special:
         cl, kmin, _ = _span(em, h)
@@ -65,21 +71,23 @@ def segments(em: Tiles) -> list[tuple[str, str, frozenset, bool]]:
 
 def _span(em: Tiles, h: Affine) -> tuple[int, str, str]:
     """h's loop coefficient and the least and greatest of its other terms over this program's row tile."""
-    cr = h.coeff(em.s.row) if em.s.row is not None else 0
-    if not cr:
-        return h.coeff(em.s.loop), str(h.const), str(h.const)
-    a, b = f"{cr} * r0", f"{cr} * (r0 + {em.blk[em.s.row] - 1})"
-    return h.coeff(em.s.loop), f"(tl.minimum({a}, {b}) + {h.const})", f"(tl.maximum({a}, {b}) + {h.const})"
+    row, loop = em.s.row, em.s.loop
+    assert loop is not None
+    if row is None or not (cr := h.coeff(row)):
+        return h.coeff(loop), str(h.const), str(h.const)
+    a, b = f"{cr} * r0", f"{cr} * (r0 + {em.blk[row] - 1})"
+    return h.coeff(loop), f"(tl.minimum({a}, {b}) + {h.const})", f"(tl.maximum({a}, {b}) + {h.const})"
 
 
 def _fold(fn: str, xs: list[str]) -> str:
     return xs[0] if len(xs) == 1 else f"{fn}({xs[0]}, {_fold(fn, xs[1:])})"
 
 
-def loop_body(em: Tiles, ctx: Body, accs: list[Accum], running: dict) -> None:
+def loop_body(em: Emitter, ctx: Body, accs: list[Accum], running: dict) -> None:
     """One tile step: running maxima first, then every accumulator of the pass."""
     s = em.s
     L = s.loop
+    assert L is not None    # called for kernels with a loop only
     pred = ctx.bounds and em.partial(L)    # bounds tests on the loop variable
     news = {}
     for a in accs:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..ir.loops import LNode
+from ..ir.ops import Op
 from ..schedule.schedule import Schedule
 from .forms import exp_over_parts
 
@@ -23,6 +24,6 @@ def folded_normalisers(schedules: list[Schedule]) -> dict[tuple[LNode, LNode], L
                     and e.dtype == e.args[0].dtype == torch.float32) or (m, d) in out:
                 continue
             if any(m in t.plan.roots and d in t.plan.roots for t in schedules[:k]):
-                lg = LNode("log2_approx", (d,), torch.float32, d.vars, name=f"log2_{d.name}")
-                out[m, d] = LNode("add", (m, lg), torch.float32, m.vars, name=f"lse_{m.name}")
+                lg = LNode(Op.LOG2_APPROX, (d,), torch.float32, d.vars, name=f"log2_{d.name}")
+                out[m, d] = LNode(Op.ADD, (m, lg), torch.float32, m.vars, name=f"lse_{m.name}")
     return out

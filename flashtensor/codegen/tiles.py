@@ -8,7 +8,7 @@ the local forms (forms.py) and the finite check (check.py) can ask for operands 
 from __future__ import annotations
 
 import abc
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -44,10 +44,12 @@ class Tiles(abc.ABC):
         self.finals: dict[LNode, str] = {}      # loop reduction -> its value after its pass
         self.deps: dict[int, bool] = {}
         self.tmp = 0
-        self.checks: dict[int, tuple[LNode, Optional[str]]] = dict(spec.check.tiled)   # input -> (its tile load, domain)
+        # input -> (its tile load, domain)
+        self.checks: dict[int, tuple[LNode, Optional[str]]] = dict(spec.check.tiled)
         self.check_whole = False    # check_add keeps whole tiles (the loop over skipped tiles, see check.py)
         # (m, d) -> m + log2 d, stored by an earlier kernel (codegen/normalisers.py)
-        self.folded: dict[tuple[LNode, LNode], LNode] = {md: f for md, f in spec.folded.items() if set(md) <= s.boundary}
+        self.folded: dict[tuple[LNode, LNode], LNode] = {md: f for md, f in spec.folded.items()
+                                                          if set(md) <= s.boundary}
         self.ftz: frozenset[int] = spec.check.ftz   # inputs whose logs flush subnormals in the first pass
         self.narrowed: dict[int, torch.dtype] = dict(spec.check.narrowed)   # inputs the check tests as cast
         self.carriers: dict[str, list[Var]] = {}   # sum accumulators that took in a check (see loop.py)
@@ -89,7 +91,7 @@ class Tiles(abc.ABC):
         conds = [f"({self.idx(v, tv)} < {v.extent})" for v in tv if self.partial(v)]
         return " & ".join(conds) if conds else None
 
-    def buffer(self, key, shape, dtype, kind, written: bool = False) -> str:
+    def buffer(self, key: Any, shape: Sequence[int], dtype: torch.dtype, kind: str, written: bool = False) -> str:
         if key not in self.bufs:
             self.bufs[key] = Buffer(f"{kind[:3]}{len(self.bufs)}", tuple(shape), dtype, kind, key)
         self.bufs[key].written |= written
@@ -122,7 +124,7 @@ class Tiles(abc.ABC):
                 n in self.s.accums or any(self.deps_acc(a) for a in n.inputs))
         return self.deps[id(n)]
 
-    def constant(self, a, region: frozenset):
+    def constant(self, a: Any, region: frozenset) -> Optional[float]:
         """The value of a literal, a scalar node, or a node constant on tiles where `region` holds."""
         if not isinstance(a, LNode):
             return float(a) if isinstance(a, (int, float)) and not isinstance(a, bool) else None

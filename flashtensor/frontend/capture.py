@@ -10,6 +10,7 @@ whose eager run would not fit in memory (h2o at 32K tokens) still compiles.
 """
 from __future__ import annotations
 
+import inspect
 import operator
 import os
 import traceback
@@ -41,7 +42,7 @@ class _SourceRecorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-_SKIP = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch,)) + (
+_SKIP = tuple(os.path.dirname(inspect.getfile(m)) + os.sep for m in (torch,)) + (
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)
 
 
@@ -151,7 +152,8 @@ def _lower_call(b: Builder, fx: torch.fx.Node, env: dict, src: str) -> Any:
 def _opaque(b, t, args, kw, shape, dtype, src, index):
     tensors = [a for a in args if isinstance(a, Node)]
     spec = ["<tensor>" if isinstance(a, Node) else a for a in args]
-    if any(isinstance(x, Node) for a in args if isinstance(a, (list, tuple)) for x in a) or any(isinstance(v, Node) for v in kw.values()):
+    if any(isinstance(x, Node) for a in args if isinstance(a, (list, tuple)) for x in a) or \
+            any(isinstance(v, Node) for v in kw.values()):
         raise CaptureError(f"op {t} takes tensors inside a list; not supported ({src or 'source unknown'})")
     return b.add("opaque", tuple(tensors), shape, dtype, src, fn=t, arg_spec=spec, kwargs=kw, index=index)
 
@@ -197,7 +199,8 @@ def _max_dim(b, fx, args, kw, src):
     keep = bool(args[2]) if len(args) > 2 else False
     vals = fx.meta["val"]
     kind = "max" if fx.target == aten.max.dim else "min"
-    v = b.add("reduce", (x,), tuple(vals[0].shape), vals[0].dtype, src, kind=kind, dims=[dim % len(x.shape)], keepdim=keep)
+    v = b.add("reduce", (x,), tuple(vals[0].shape), vals[0].dtype, src, kind=kind, dims=[dim % len(x.shape)],
+              keepdim=keep)
     i = _opaque(b, fx.target, args, kw, tuple(vals[1].shape), vals[1].dtype, src, 1)
     return [v, i]
 
@@ -354,36 +357,52 @@ _RULES: dict[Any, Callable] = {
     aten.max.default: _reduce("max"), aten.min.default: _reduce("min"),
     aten.any.dim: _reduce("any"), aten.any.default: _reduce("any"), aten.any.dims: _reduce("any"),
     aten.all.dim: _all, aten.all.default: _all, aten.all.dims: _all,
-    aten.mean.dim: lambda b, a, kw, s, d, src: b.add("mean", (a[0],), s, d, src, dims=_norm_dims(a[1], len(a[0].shape)), keepdim=bool(a[2] if len(a) > 2 else kw.get("keepdim", False))),
-    aten.mean.default: lambda b, a, kw, s, d, src: b.add("mean", (a[0],), s, d, src, dims=list(range(len(a[0].shape))), keepdim=False),
+    aten.mean.dim: lambda b, a, kw, s, d, src: b.add(
+        "mean", (a[0],), s, d, src, dims=_norm_dims(a[1], len(a[0].shape)),
+        keepdim=bool(a[2] if len(a) > 2 else kw.get("keepdim", False))),
+    aten.mean.default: lambda b, a, kw, s, d, src: b.add(
+        "mean", (a[0],), s, d, src, dims=list(range(len(a[0].shape))), keepdim=False),
     aten.bmm.default: lambda b, a, kw, s, d, src: b.add("matmul", (a[0], a[1]), s, d, src),
     aten.mm.default: lambda b, a, kw, s, d, src: b.add("matmul", (a[0], a[1]), s, d, src),
-    aten.addmm.default: lambda b, a, kw, s, d, src: b.add("addmm", (a[0], a[1], a[2]), s, d, src) if kw.get("beta", 1) == 1 and kw.get("alpha", 1) == 1 else None,
-    aten.linear.default: lambda b, a, kw, s, d, src: b.add("linear", tuple(x for x in a[:3] if x is not None), s, d, src),
+    aten.addmm.default: lambda b, a, kw, s, d, src: b.add(
+        "addmm", (a[0], a[1], a[2]), s, d, src) if kw.get("beta", 1) == 1 and kw.get("alpha", 1) == 1 else None,
+    aten.linear.default: lambda b, a, kw, s, d, src: b.add(
+        "linear", tuple(x for x in a[:3] if x is not None), s, d, src),
     aten._softmax.default: lambda b, a, kw, s, d, src: b.add("softmax", (a[0],), s, d, src, dim=a[1] % len(s)),
     aten._log_softmax.default: lambda b, a, kw, s, d, src: b.add("log_softmax", (a[0],), s, d, src, dim=a[1] % len(s)),
-    aten.linalg_vector_norm.default: lambda b, a, kw, s, d, src: b.add("norm", (a[0],), s, d, src, ord=float(a[1] if len(a) > 1 else 2), dims=_norm_dims(a[2] if len(a) > 2 else None, len(a[0].shape)), keepdim=bool(a[3] if len(a) > 3 else False)),
+    aten.linalg_vector_norm.default: lambda b, a, kw, s, d, src: b.add(
+        "norm", (a[0],), s, d, src, ord=float(a[1] if len(a) > 1 else 2),
+        dims=_norm_dims(a[2] if len(a) > 2 else None, len(a[0].shape)), keepdim=bool(a[3] if len(a) > 3 else False)),
     aten.clamp_min.default: lambda b, a, kw, s, d, src: b.add("clamp", (a[0],), s, d, src, min=a[1], max=None),
     aten.clamp_max.default: lambda b, a, kw, s, d, src: b.add("clamp", (a[0],), s, d, src, min=None, max=a[1]),
-    aten.clamp.default: lambda b, a, kw, s, d, src: b.add("clamp", (a[0],), s, d, src, min=a[1] if len(a) > 1 else kw.get("min"), max=a[2] if len(a) > 2 else kw.get("max")),
+    aten.clamp.default: lambda b, a, kw, s, d, src: b.add(
+        "clamp", (a[0],), s, d, src, min=a[1] if len(a) > 1 else kw.get("min"),
+        max=a[2] if len(a) > 2 else kw.get("max")),
     aten.masked_fill.Scalar: lambda b, a, kw, s, d, src: b.add("masked_fill", (a[0], a[1], a[2]), s, d, src),
-    aten.masked_fill.Tensor: lambda b, a, kw, s, d, src: b.add("masked_fill", (a[0], a[1], a[2]), s, d, src) if not a[2].shape else None,
-    aten.triu.default: lambda b, a, kw, s, d, src: b.add("triu", (a[0],), s, d, src, diagonal=a[1] if len(a) > 1 else 0),
-    aten.tril.default: lambda b, a, kw, s, d, src: b.add("tril", (a[0],), s, d, src, diagonal=a[1] if len(a) > 1 else 0),
+    aten.masked_fill.Tensor: lambda b, a, kw, s, d, src: b.add(
+        "masked_fill", (a[0], a[1], a[2]), s, d, src) if not a[2].shape else None,
+    aten.triu.default: lambda b, a, kw, s, d, src: b.add(
+        "triu", (a[0],), s, d, src, diagonal=a[1] if len(a) > 1 else 0),
+    aten.tril.default: lambda b, a, kw, s, d, src: b.add(
+        "tril", (a[0],), s, d, src, diagonal=a[1] if len(a) > 1 else 0),
     aten.full.default: _full(lambda a: a[1]),
     aten.zeros.default: _full(lambda a: 0), aten.ones.default: _full(lambda a: 1),
     aten.scalar_tensor.default: _full(lambda a: a[0]),
     aten.full_like.default: _like(lambda a: a[1]), aten.zeros_like.default: _like(lambda a: 0),
     aten.ones_like.default: _like(lambda a: 1),
     aten.arange.default: _arange, aten.arange.start: _arange, aten.arange.start_step: _arange,
-    aten.transpose.int: lambda b, a, kw, s, d, src: b.add("permute", (a[0],), s, d, src, dims=_swap(len(s), a[1], a[2])),
+    aten.transpose.int: lambda b, a, kw, s, d, src: b.add(
+        "permute", (a[0],), s, d, src, dims=_swap(len(s), a[1], a[2])),
     aten.t.default: lambda b, a, kw, s, d, src: b.add("permute", (a[0],), s, d, src, dims=list(range(len(s)))[::-1]),
-    aten.permute.default: lambda b, a, kw, s, d, src: b.add("permute", (a[0],), s, d, src, dims=[x % len(s) for x in a[1]]),
+    aten.permute.default: lambda b, a, kw, s, d, src: b.add(
+        "permute", (a[0],), s, d, src, dims=[x % len(s) for x in a[1]]),
     aten.view.default: _reshape, aten._unsafe_view.default: _reshape, aten.reshape.default: _reshape,
     aten.unsqueeze.default: _reshape, aten.squeeze.dim: _reshape, aten.squeeze.dims: _reshape,
     aten.squeeze.default: _reshape,
-    aten.expand.default: lambda b, a, kw, s, d, src: a[0] if tuple(a[0].shape) == s else b.add("expand", (a[0],), s, d, src),
-    aten.select.int: lambda b, a, kw, s, d, src: b.add("select", (a[0],), s, d, src, dim=a[1] % len(a[0].shape), index=a[2] % a[0].shape[a[1]]),
+    aten.expand.default: lambda b, a, kw, s, d, src: a[0] if tuple(a[0].shape) == s else b.add(
+        "expand", (a[0],), s, d, src),
+    aten.select.int: lambda b, a, kw, s, d, src: b.add(
+        "select", (a[0],), s, d, src, dim=a[1] % len(a[0].shape), index=a[2] % a[0].shape[a[1]]),
     aten.slice.Tensor: lambda b, a, kw, s, d, src: _slice(b, a, s, d, src),
     aten.fill.Scalar: _fill, aten.fill.Tensor: _fill,
     aten.slice_scatter.default: _scatter(False), aten.select_scatter.default: _scatter(True),

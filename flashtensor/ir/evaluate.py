@@ -14,7 +14,7 @@ def evaluate(g: Graph, args: Sequence[torch.Tensor], env: dict[Node, torch.Tenso
     """Values of `g.outputs` for the given program inputs; `env` may pre-set any node's value. `order`,
     when given, is `topo_order(g.outputs, stop=...)` for the same inputs and env keys, computed once by
     a caller that evaluates the same graph many times."""
-    vals: dict[Node, object] = dict(env or {})
+    vals: dict[Node, torch.Tensor] = dict(env or {})
     for n, a in zip(g.inputs, args):
         vals.setdefault(n, a)
     for n in order if order is not None else topo_order(g.outputs, stop=set(vals)):

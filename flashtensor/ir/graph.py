@@ -128,9 +128,10 @@ class Builder:
         self.nodes: list[Node] = []
         self._count: dict[str, int] = {}
 
-    def add(self, op: Op | str, args: tuple, shape: tuple[int, ...], dtype: torch.dtype, source: str = "", **attrs: Any) -> Node:
+    def add(self, op: Op | str, args: tuple, shape: tuple[int, ...], dtype: torch.dtype, source: str = "",
+            **attrs: Any) -> Node:
         k = self._count.get(op, 0)
         self._count[op] = k + 1
-        n = Node(op, tuple(args), tuple(int(s) for s in shape), dtype, attrs, f"{op}{k}" if k else str(op), source)
+        n = Node(Op(op), tuple(args), tuple(int(s) for s in shape), dtype, attrs, f"{op}{k}" if k else str(op), source)
         self.nodes.append(n)
         return n

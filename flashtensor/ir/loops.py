@@ -136,12 +136,12 @@ class NodeTable:
     def __init__(self) -> None:
         self.nodes: dict[tuple, LNode] = {}
 
-    def get(self, op: str, args: tuple, dtype: torch.dtype, vars_: tuple[Var, ...], attrs: dict) -> LNode:
+    def get(self, op: Op | str, args: tuple, dtype: torch.dtype, vars_: tuple[Var, ...], attrs: dict) -> LNode:
         key = (op, tuple(id(a) if isinstance(a, LNode) else ("s", type(a).__name__, a) for a in args), dtype,
                tuple(sorted((k, _hashable(v)) for k, v in attrs.items())))
         hit = self.nodes.get(key)
         if hit is None:
-            hit = self.nodes[key] = LNode(op, args, dtype, vars_, attrs)
+            hit = self.nodes[key] = LNode(Op(op), args, dtype, vars_, attrs)
         return hit
 
 
@@ -180,7 +180,8 @@ def format_loops(g: LoopGraph) -> str:
     lines = ["loops(" + ", ".join(f"{v}<{v.extent}" for v in vs) + "):"]
     lines += ["  " + format_node(n) for n in g.nodes]
     for k, o in enumerate(g.outputs):
-        lines.append(f"  out{k}[" + ", ".join("(" + ",".join(map(repr, d)) + ")" for d in o.dims) + f"] = %{o.node.name}")
+        dims = ", ".join("(" + ",".join(map(repr, d)) + ")" for d in o.dims)
+        lines.append(f"  out{k}[{dims}] = %{o.node.name}")
     return "\n".join(lines)
 
 
@@ -188,7 +189,8 @@ def _compute_dtype(dt: torch.dtype) -> torch.dtype:
     return torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
 
 
-def evaluate_loops(g: LoopGraph, args: Sequence[torch.Tensor], env: dict[LNode, torch.Tensor] | None = None) -> list[torch.Tensor]:
+def evaluate_loops(g: LoopGraph, args: Sequence[torch.Tensor],
+                   env: dict[LNode, torch.Tensor] | None = None) -> list[torch.Tensor]:
     """Reference evaluator of the loop form: one torch tensor per node, one dim per variable (by id)."""
     device = args[0].device if args else torch.device("cpu")
     vals: dict[LNode, torch.Tensor] = dict(env or {})
@@ -267,7 +269,7 @@ def exact_cast(n: LNode) -> bool:
     return b.max >= a.max and b.eps <= a.eps and b.smallest_normal <= a.smallest_normal
 
 
-def read_input(x) -> Optional[int]:
+def read_input(x: object) -> Optional[int]:
     """The program input that x is, directly or through casts; None for anything computed."""
     while isinstance(x, LNode) and x.op == "cast":
         x = x.args[0]

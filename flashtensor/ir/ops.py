@@ -183,8 +183,11 @@ def _reduce(n: Any, x: torch.Tensor) -> torch.Tensor:
     if kind == "sum":
         return torch.sum(x, dim=dims, keepdim=keep, dtype=n.dtype)
     if kind == "any":
-        return torch.any(x, dim=dims, keepdim=keep) if len(dims) == 1 else torch.amax(x.to(torch.uint8), dims, keep).bool()
-    if any(x.shape[d] == 0 for d in dims):   # decomposed softmax over no elements: eager's softmax gives empty, amax raises
+        if len(dims) == 1:
+            return torch.any(x, dim=dims, keepdim=keep)
+        return torch.amax(x.to(torch.uint8), dims, keep).bool()
+    # decomposed softmax over no elements: eager's softmax gives empty, amax raises
+    if any(x.shape[d] == 0 for d in dims):
         return torch.full(n.shape, -math.inf if kind == "max" else math.inf, dtype=x.dtype, device=x.device)
     f = torch.amax if kind == "max" else torch.amin
     return f(x, dims, keep)

@@ -29,7 +29,8 @@ class KernelPlan:
         return {v for r in self.roots for v in r.vars}
 
 
-def _cuts(roots: list[LNode], parallel: set[Var], produced: set[LNode], whole: int = 0) -> tuple[list[LNode], set[LNode]]:
+def _cuts(roots: list[LNode], parallel: set[Var], produced: set[LNode],
+          whole: int = 0) -> tuple[list[LNode], set[LNode]]:
     """Reductions over a parallel variable reachable from `roots` (stopping at `produced`), except those
     over a variable of extent at most `whole`, which a program can hold whole in its tile."""
     cuts: list[LNode] = []

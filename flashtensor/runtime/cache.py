@@ -69,7 +69,8 @@ def key(graph: Graph, args: Sequence[Any], options: str) -> str:
               if isinstance(v, torch.Tensor)]
     devices = sorted({str(a.device) for a in args if isinstance(a, torch.Tensor)})
     names = [torch.cuda.get_device_name(d) for d in devices if d.startswith("cuda")]
-    text = "\n".join([str(graph), *consts, repr(signature(args)), repr(names), f"interpret={knobs.interpret()}", options, versions()])
+    text = "\n".join([str(graph), *consts, repr(signature(args)), repr(names), f"interpret={knobs.interpret()}",
+                      options, versions()])
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -41,7 +41,8 @@ class Accum:
     pass_: int = 0
     kept: list[Factor] = field(default_factory=list)      # summand factors computed in the loop
     pulled: list[Factor] = field(default_factory=list)    # loop-invariant factors applied after the loop
-    rescale: list[tuple[LNode, str]] = field(default_factory=list)  # (running max d, "exp" or "exp2") of exp(. - d) factors
+    # (running max d, "exp" or "exp2") of exp(. - d) factors
+    rescale: list[tuple[LNode, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -80,7 +81,7 @@ class Schedule:
         accs = [a for a in self.accums.values() if a.pass_ == pass_]
         return bool(accs) and all(a.kind == "any" for a in accs)
 
-    def constant_on(self, n: LNode, region: frozenset):
+    def constant_on(self, n: LNode, region: frozenset) -> Optional[float]:
         """The constant `n` takes on tiles where every half-plane of `region` holds, if the facts give one."""
         for reg, value in self.facts.of(n):
             if reg and set(reg) <= region:
@@ -88,7 +89,7 @@ class Schedule:
         return None
 
 
-def factorize(x, power: int = 1, atoms: frozenset = frozenset()) -> list[Factor]:
+def factorize(x: Union[LNode, float, int], power: int = 1, atoms: frozenset = frozenset()) -> list[Factor]:
     """A product as its factors, seeing through mul, div and float casts, but not through `atoms`: the
     values a kernel loads from an earlier one are factors as they stand, since the nodes inside them are
     not the kernel's. A cast of an input that rounds (float32 q cast to fp16) stays a factor: eager's
@@ -176,8 +177,8 @@ def build_schedule(plan: KernelPlan, loop_choice: Optional[Var] = None) -> Sched
             try:
                 return _finish(plan, nodes, compute, boundary, batch, row, loop, whole, role)
             except ScheduleError as e:
-                errors.append(f"loop over {loop}" + (f", {sorted(extra, key=lambda v: v.id)} in the grid" if extra else "")
-                              + f": {e}")
+                grid = f", {sorted(extra, key=lambda v: v.id)} in the grid" if extra else ""
+                errors.append(f"loop over {loop}{grid}: {e}")
     raise ScheduleError("; ".join(errors))
 
 

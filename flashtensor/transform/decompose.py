@@ -45,11 +45,11 @@ def _softmax(b: Builder, n: Node, x: Node) -> Node:
     m = _red(b, "max", x, [d], True, s)
     z = b.add("sub", (x, m), x.shape, x.dtype, s)
     e = b.add("exp", (z,), x.shape, x.dtype, s)
-    l = _red(b, "sum", e, [d], True, s)
+    total = _red(b, "sum", e, [d], True, s)
     if n.op == "softmax":
-        out = b.add("div", (e, l), x.shape, x.dtype, s)
+        out = b.add("div", (e, total), x.shape, x.dtype, s)
     else:
-        out = b.add("sub", (z, b.add("log", (l,), l.shape, l.dtype, s)), x.shape, x.dtype, s)
+        out = b.add("sub", (z, b.add("log", (total,), total.shape, total.dtype, s)), x.shape, x.dtype, s)
     return _cast(b, out, n.dtype, s)
 
 

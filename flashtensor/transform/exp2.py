@@ -91,14 +91,14 @@ class _Folder:
 
     def factored(self, op: str, left, right, dtype: torch.dtype) -> LNode:
         """left op right, where both still carry a multiply by a constant (k1 > 0 on the left), as
-        (l op r * (k2 / k1)) * k1: one multiply is left, which a running max takes outside (the emitter's
+        (lhs op rhs * (k2 / k1)) * k1: one multiply is left, which a running max takes outside (the emitter's
         `scaled`) and the exponent's subtraction fuses, in place of one on each side and an add. KeyFormer's
         (s + g) / tau with g = -log(noise): s * c + lg2(noise) * (-c ln 2) becomes
         (s + lg2(noise) * -ln 2) * c."""
-        (l, k1), (r, k2) = _residual(left), _residual(right)
+        (lhs, k1), (rhs, k2) = _residual(left), _residual(right)
         if k1 is None or k2 is None or not 0 < k1 < math.inf:
             return self.node(op, (left, right), dtype)
-        inner = self.node(op, (l, self.scale(r, k2 / k1)), dtype)
+        inner = self.node(op, (lhs, self.scale(rhs, k2 / k1)), dtype)
         return self.node("mul", (inner, k1), dtype)
 
     def rewrite(self, n: LNode, feeds_exp: set[int]) -> LNode:

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..ir.graph import Graph, Node
-from ..ir.loops import Affine, LNode, LOutput, LoopGraph, NodeTable, Var, loop_topo, var_union
+from ..ir.loops import Affine, LNode, LoopGraph, LOutput, NodeTable, Var, loop_topo, var_union
 from ..ir.ops import BINARY, UNARY, Op
 
 
@@ -25,7 +25,10 @@ class LoweringError(Exception):
     """The program (or one op in it) has no loop-form lowering; the caller falls back."""
 
     def __init__(self, node: Node | None, why: str) -> None:
-        where = f" ({node.op} at {node.source})" if node is not None and node.source else (f" ({node.op})" if node is not None else "")
+        if node is None:
+            where = ""
+        else:
+            where = f" ({node.op} at {node.source})" if node.source else f" ({node.op})"
         super().__init__(why + where)
         self.node = node
 
@@ -90,8 +93,8 @@ class _LV:
     axes: list[list[Var]]
 
 
-def _mk(op: str, args: tuple, dtype: torch.dtype, **attrs) -> LNode:
-    return LNode(op, args, dtype, var_union(*(a.vars for a in args if isinstance(a, LNode))), attrs)
+def _mk(op: Op | str, args: tuple, dtype: torch.dtype, **attrs: object) -> LNode:
+    return LNode(Op(op), args, dtype, var_union(*(a.vars for a in args if isinstance(a, LNode))), attrs)
 
 
 class _Lowerer:
@@ -108,7 +111,7 @@ class _Lowerer:
     def load(self, source, shape: Sequence[int], dtype: torch.dtype) -> _LV:
         axes = self.fresh_axes(shape)
         index = tuple(Affine.of(a[0]) if a else Affine() for a in axes)
-        node = LNode("load", (), dtype, var_union(*axes), {"input": source, "index": index})
+        node = LNode(Op.LOAD, (), dtype, var_union(*axes), {"input": source, "index": index})
         return _LV(node, axes)
 
     # --- ops -------------------------------------------------------------------------
@@ -132,7 +135,7 @@ class _Lowerer:
         axes = self.fresh_axes(n.shape)
         v = axes[n.attrs["dim"]]
         expr = Affine.of(v[0]) if v else Affine()
-        return _LV(LNode("iota", (), n.dtype, tuple(v), {"expr": expr}), axes)
+        return _LV(LNode(Op.IOTA, (), n.dtype, tuple(v), {"expr": expr}), axes)
 
     def unary(self, n: Node, a: list) -> _LV:
         return _LV(_mk(n.op, (a[0].node,), n.dtype), a[0].axes)
@@ -196,7 +199,8 @@ class _Lowerer:
 
     def elementwise(self, n: Node, a: list) -> _LV:
         r = len(n.shape)
-        a = self.rename_apart(a, [[d + r - len(x.axes) for d in range(len(x.axes))] if isinstance(x, _LV) else [] for x in a])
+        a = self.rename_apart(a, [[d + r - len(x.axes) for d in range(len(x.axes))] if isinstance(x, _LV) else []
+                                  for x in a])
         axes: list[list[Var]] = []
         for d in range(r):
             cands = []
@@ -361,7 +365,8 @@ class Rebuilder:
                 out = self.reduce(n.attrs["kind"], out, renamed.get(v, v), n.dtype)
         else:
             args = tuple(self.rebuild(a, sub) if isinstance(a, LNode) else a for a in n.args)
-            out = self.table.get(n.op, args, n.dtype, var_union(*(a.vars for a in args if isinstance(a, LNode))), dict(n.attrs))
+            vars_ = var_union(*(a.vars for a in args if isinstance(a, LNode)))
+            out = self.table.get(n.op, args, n.dtype, vars_, dict(n.attrs))
         self.memo[key] = out
         return out
 
@@ -369,7 +374,8 @@ class Rebuilder:
         if v not in x.vars:
             if kind != "sum":
                 return x
-            return self.table.get("mul", (x, float(v.extent) if dtype.is_floating_point else v.extent), dtype, x.vars, {})
+            count = float(v.extent) if dtype.is_floating_point else v.extent
+            return self.table.get("mul", (x, count), dtype, x.vars, {})
         return self.table.get("reduce", (x,), dtype, tuple(w for w in x.vars if w is not v), {"kind": kind, "var": v})
 
 
@@ -387,7 +393,7 @@ def to_loops(g: Graph) -> tuple[LoopGraph, list[torch.Tensor]]:
         dims = [low.s.axis_atoms(ax) for ax in lv.axes]
         outs.append(LOutput(node, dims, tuple(o.shape), o.dtype))
     nodes = loop_topo([o.node for o in outs])
-    for k, n in enumerate(nodes):
-        n.name = f"t{k}"
+    for k, ln in enumerate(nodes):
+        ln.name = f"t{k}"
     ins = [(tuple(i.shape), i.dtype) for i in g.inputs] + [(tuple(c.shape), c.dtype) for c in low.consts]
     return LoopGraph(ins, nodes, outs), low.consts
