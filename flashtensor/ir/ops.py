@@ -122,7 +122,8 @@ def _cmp(name: str) -> tuple[str, ...]:
     return (f"{name}.Tensor", f"{name}.Scalar")
 
 
-ELEMENTWISE: dict[Op, Elementwise] = {
+# elementwise ops, one row each: adding one is its enum member and its row
+UNARY_OPS: dict[Op, Elementwise] = {
     Op.NEG: Elementwise(torch.neg, "(-{})", ("neg.default",)),
     Op.EXP: Elementwise(torch.exp, "tl.exp({})", ("exp.default",)),
     Op.LOG: Elementwise(torch.log, "tl.log({})", ("log.default",)),
@@ -138,6 +139,8 @@ ELEMENTWISE: dict[Op, Elementwise] = {
     # log2 that kernels may compute as coarsely as exp2 (the GPU's approximate unit); only ever inside an
     # exponential's argument, where an absolute error of ~1e-7 is a relative one in the result
     Op.LOG2_APPROX: Elementwise(torch.log2, "_log2_approx({}, False)"),
+}
+BINARY_OPS: dict[Op, Elementwise] = {
     Op.ADD: Elementwise(torch.add, "({} + {})", _cmp("add")),
     Op.SUB: Elementwise(torch.sub, "({} - {})", _cmp("sub")),
     Op.MUL: Elementwise(torch.mul, "({} * {})", _cmp("mul")),
@@ -157,13 +160,13 @@ ELEMENTWISE: dict[Op, Elementwise] = {
     Op.LOGICAL_OR: Elementwise(torch.logical_or, "({} | {})", ("logical_or.default", "bitwise_or.Tensor")),
 }
 
+ELEMENTWISE: dict[Op, Elementwise] = {**UNARY_OPS, **BINARY_OPS}
+
 GROUP: dict[Op, Group] = {
     **{op: Group.SOURCE for op in (Op.INPUT, Op.CONST, Op.FULL, Op.IOTA)},
     **{op: Group.LAYOUT for op in (Op.PERMUTE, Op.RESHAPE, Op.EXPAND, Op.SELECT, Op.SLICE)},
-    **{op: Group.UNARY for op in (Op.NEG, Op.EXP, Op.LOG, Op.TANH, Op.ABS, Op.SIGMOID, Op.SQRT, Op.RSQRT, Op.EXP2,
-                                  Op.LOG2, Op.RECIPROCAL, Op.LOGICAL_NOT, Op.LOG2_APPROX)},
-    **{op: Group.BINARY for op in (Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MAXIMUM, Op.MINIMUM, Op.POW, Op.EQ, Op.NE,
-                                   Op.LT, Op.LE, Op.GT, Op.GE, Op.LOGICAL_AND, Op.LOGICAL_OR)},
+    **{op: Group.UNARY for op in UNARY_OPS},
+    **{op: Group.BINARY for op in BINARY_OPS},
     Op.CAST: Group.SELECT, Op.WHERE: Group.SELECT,
     Op.REDUCE: Group.REDUCE, Op.MATMUL: Group.CONTRACT,
     **{op: Group.COMPOSITE for op in (Op.SOFTMAX, Op.LOG_SOFTMAX, Op.MEAN, Op.NORM, Op.CLAMP, Op.MASKED_FILL,
