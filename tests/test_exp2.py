@@ -111,3 +111,27 @@ def test_a_scale_both_sides_would_keep_is_factored_out():
     maxima = [n for n in folded.nodes if n.op == "reduce" and n.attrs["kind"] == "max"]
     assert any(m.args[0] is factored[0] for m in maxima)
     _check(loops, folded, ins, 1e-5)
+
+
+@pytest.mark.parametrize("masked", [5, 64])
+def test_a_huge_finite_constant_is_not_scaled_past_float32(masked):
+    """torch.finfo(float32).min * log2 e overflows float32: an exp whose argument holds such a constant stays
+    exp2((x - m) * log2 e), its max is taken unscaled, and the folded program keeps eager's finite values,
+    fully masked rows (a uniform row) included."""
+    def fn(q, k, mask):
+        s = q @ k.transpose(-1, -2) * 0.25
+        return torch.softmax(s + (1.0 - mask) * torch.finfo(s.dtype).min, dim=-1)
+
+    g = torch.Generator().manual_seed(masked)
+    q, k = torch.randn(2, 64, 16, generator=g), torch.randn(2, 64, 16, generator=g)
+    mask = torch.ones(64)
+    mask[64 - masked:] = 0
+    loops, ins = _loops(fn, (q, k, mask))
+    folded = fold_exp2(loops, through_half=True)
+    consts = [n.attrs["value"] for n in folded.nodes if n.op == "scalar"] + \
+        [a for n in folded.nodes for a in n.args if isinstance(a, float)]
+    assert all(abs(c) <= torch.finfo(torch.float32).max for c in consts if math.isfinite(c)), consts
+    out = evaluate_loops(folded, ins)[0]
+    assert torch.isfinite(out).all()
+    _check(loops, folded, ins, 1e-6)
+    assert rel_err(out, fn(q, k, mask)) < 1e-6

@@ -6,6 +6,7 @@ maxima first, then every accumulator of the pass, rescaled where a running max m
 """
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from ..analysis.facts import IDENTITY
@@ -111,12 +112,13 @@ def loop_body(em: Emitter, ctx: Body, accs: list[Accum], running: dict) -> None:
             ctx.lines.append(f"{safe} = tl.where({new} == {lit(IDENTITY[a.kind])}, 0.0, {new})")
             ctx.running[a.node] = safe
             news[a.node] = new
-            for base in sorted({b for acc in accs for d, b in acc.rescale if d is a.node}):
-                ctx.lines.append(f"alpha_{base}_{a.node.name} = tl.{base}({running[a.node]} - {safe})")
+            for base, k in sorted({(b, k) for acc in accs for d, b, k in acc.rescale if d is a.node}):
+                moved = f"{running[a.node]} - {safe}" if k == 1.0 else f"({running[a.node]} - {safe}) * {lit(k)}"
+                ctx.lines.append(f"{_alpha(base, a.node, k)} = tl.{base}({moved})")
     for a in accs:
         acc = running[a.node]
         tv = em.tvars(a.node)
-        alpha = "".join(f" * {em.bcast(f'alpha_{b}_{d.name}', em.tvars(d), tv)}" for d, b in a.rescale)
+        alpha = "".join(f" * {em.bcast(_alpha(b, d, k), em.tvars(d), tv)}" for d, b, k in a.rescale)
         if a.kind in ("max", "min"):
             continue
         if a.kind == "any":
@@ -183,3 +185,8 @@ def placement(em: Tiles, ntiles: int, grid1: int) -> list[str]:
         out.append(f"i_{v} = {rest} % {v.extent}")
         rest = f"({rest} // {v.extent})"
     return out
+
+
+def _alpha(base: str, d: LNode, k: float) -> str:
+    """Name of the factor exp((d_old - d_new) * k) that rescales accumulators when the running max d moves."""
+    return f"alpha_{base}_{d.name}" if k == 1.0 else f"alpha_{base}_{d.name}_" + re.sub(r"\W", "_", repr(k))

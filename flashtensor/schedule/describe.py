@@ -12,7 +12,7 @@ def describe(s: Schedule) -> dict[str, list[str] | str]:
     for a in s.accums.values():
         how = [f"{a.kind} over {s.loop} (pass {a.pass_ + 1})"]
         if a.rescale:
-            how.append("rescaled by running max " + ", ".join(d.name for d, _ in a.rescale))
+            how.append("rescaled by running max " + ", ".join(d.name for d, _, _ in a.rescale))
         if a.pulled:
             how.append(f"{len(a.pulled)} loop-invariant factor(s) moved out of the sum")
         if s.stops_early(a.pass_):

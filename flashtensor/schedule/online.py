@@ -20,9 +20,9 @@ from ..ir.loops import LNode, Var
 class Carry:
     """How one factor is kept: in the loop as it is (the default), moved out and applied after the loop
     (`pulled`), or in the loop with the accumulator rescaled whenever a running max moves (`rescale`: the
-    max and the exponential's base, "exp" or "exp2")."""
+    max, the exponential's base, "exp" or "exp2", and the positive constant k of exp((y - d) * k))."""
     pulled: bool = False
-    rescale: Optional[tuple[LNode, str]] = None
+    rescale: Optional[tuple[LNode, str, float]] = None
 
 
 @dataclass
@@ -45,14 +45,19 @@ def loop_invariant(f: object, power: int, site: Site) -> Optional[Carry]:
 
 
 def running_max(f: object, power: int, site: Site) -> Optional[Carry]:
-    """exp(y - d) for a max d over the loop and y that reads none of the loop's reductions: when the running
-    max moves from d_old to d_new, everything accumulated so far is multiplied by exp(d_old - d_new)."""
-    if not (isinstance(f, LNode) and f.op in ("exp", "exp2") and power == 1 and isinstance(f.args[0], LNode)
-            and f.args[0].op == "sub"):
+    """exp((y - d) * k) for a max d over the loop, y that reads none of the loop's reductions and a constant
+    k > 0 (1, or log2 e where folding it into y would overflow): when the running max moves from d_old to
+    d_new, everything accumulated so far is multiplied by exp((d_old - d_new) * k)."""
+    if not (isinstance(f, LNode) and f.op in ("exp", "exp2") and power == 1 and isinstance(f.args[0], LNode)):
         return None
-    y, d = f.args[0].args
+    x, k = f.args[0], 1.0
+    if x.op == "mul" and isinstance(x.args[0], LNode) and isinstance(x.args[1], float) and x.args[1] > 0:
+        x, k = x.args[0], x.args[1]
+    if x.op != "sub":
+        return None
+    y, d = x.args
     if d in site.reductions and d.attrs["kind"] == "max" and not site.touched(y):
-        return Carry(rescale=(d, f.op))
+        return Carry(rescale=(d, f.op, k))
     return None
 
 

@@ -42,7 +42,7 @@ class Accum:
     kept: list[Factor] = field(default_factory=list)      # summand factors computed in the loop
     pulled: list[Factor] = field(default_factory=list)    # loop-invariant factors applied after the loop
     # (running max d, "exp" or "exp2") of exp(. - d) factors
-    rescale: list[tuple[LNode, str]] = field(default_factory=list)
+    rescale: list[tuple[LNode, str, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -266,7 +266,7 @@ def _carry(sched: Schedule, compute: list[LNode], boundary: frozenset[LNode], lo
         for d in deps[r]:
             p = max(p, sched.accums[d].pass_ + (1 if d in later[r] else 0))
         acc.pass_ = p
-        acc.rescale = [(d, base) for d, base in acc.rescale if sched.accums[d].pass_ == p]
+        acc.rescale = [r for r in acc.rescale if sched.accums[r[0]].pass_ == p]
     sched.passes = 1 + max((a.pass_ for a in sched.accums.values()), default=0)
     if sched.passes > 1 and len({a.pass_ for a in sched.accums.values()}) != sched.passes:
         raise ScheduleError("empty pass")

@@ -26,6 +26,9 @@ import torch
 from ..ir.loops import LNode, LoopGraph, NodeTable, loop_topo, rounds_input, var_union
 
 LOG2E = 1.0 / math.log(2.0)
+# the largest constant a fold may create: half float32's range, so the scaled scores it meets in a sum stay finite
+# (finfo(float32).min * log2 e is past float32's range: an HF mask folded so would be -inf, or an fp64 literal)
+LIMIT = 2.0 ** 126
 _HALF = (torch.float16, torch.bfloat16)
 
 
@@ -41,6 +44,7 @@ class _Folder:
         self.through_half = through_half
         self.new: dict[int, LNode] = {}          # old node -> rewritten node
         self.scaled: dict[int, LNode] = {}       # rewritten node -> the same value times LOG2E
+        self.unscalable: set[int] = set()        # exps (old nodes) whose argument is scaled after it is computed
         self.table = NodeTable()
 
     def node(self, op: str, args: tuple, dtype: torch.dtype, **attrs) -> LNode:
@@ -103,6 +107,8 @@ class _Folder:
 
     def rewrite(self, n: LNode, feeds_exp: set[int]) -> LNode:
         args = tuple(self.new[id(a)] if isinstance(a, LNode) else a for a in n.args)
+        if n.op == "exp" and id(n) in self.unscalable:
+            return self.node("exp2", (self.node("mul", (args[0], LOG2E), args[0].dtype),), n.dtype)
         if n.op == "exp":
             return self.node("exp2", (self.scale(args[0]),), n.dtype)
         if id(n) in feeds_exp:
@@ -127,10 +133,46 @@ def _residual(x) -> tuple:
     return x, None
 
 
-def _reductions_under_exp(g: LoopGraph, through_half: bool) -> set[int]:
-    """Max/min reductions reached from an exp's argument through the ops the factor passes."""
+def _finite(v: float, c: float) -> float:
+    """|v * c| for a finite constant v (an infinite one stays infinite, as in eager), else 0."""
+    return abs(v * c) if math.isfinite(v) else 0.0
+
+
+def _largest(x, c: float, through_half: bool) -> float:
+    """The largest magnitude of a finite constant that scaling x by c would create (the pushes of
+    `_Folder._scale`)."""
+    if not isinstance(x, LNode):
+        return _finite(float(x), c) if not isinstance(x, bool) else 0.0
+    op, a = x.op, x.args
+    if not x.dtype.is_floating_point or (x.dtype in _HALF and (not through_half or rounds_input(x))):
+        return 0.0
+    if op == "scalar":
+        return _finite(float(x.attrs["value"]), c)
+    if op in ("mul", "div") and _const(a[1]) is not None or op == "mul" and _const(a[0]) is not None:
+        other, k = (a[0], _const(a[1])) if _const(a[1]) is not None else (a[1], _const(a[0]))
+        k = k if op == "mul" else (1.0 / k if k else math.inf)
+        if not math.isfinite(k) or k == 0:
+            return 0.0
+        return _finite(k, c) if not isinstance(other, LNode) else _largest(other, k * c, through_half)
+    if op in ("add", "sub"):
+        return max(_largest(a[0], c, through_half), _largest(a[1], c, through_half))
+    if op in ("neg", "cast") or (op == "reduce" and x.attrs["kind"] in ("max", "min")):
+        return _largest(a[0], c, through_half)
+    if op == "where":
+        return max(_largest(a[1], c, through_half), _largest(a[2], c, through_half))
+    return 0.0
+
+
+def _unscalable(g: LoopGraph, through_half: bool) -> set[int]:
+    """Exps whose argument holds a constant that folding log2 e into it would push past LIMIT: they stay
+    exp2(x * log2 e), with the multiply after the subtraction of the max, where every value is finite."""
+    return {id(n) for n in g.nodes if n.op == "exp" and _largest(n.args[0], LOG2E, through_half) > LIMIT}
+
+
+def _reductions_under_exp(g: LoopGraph, through_half: bool, exps: set[int]) -> set[int]:
+    """Max/min reductions reached from the argument of an exp in `exps` through the ops the factor passes."""
     out: set[int] = set()
-    stack = [n.args[0] for n in g.nodes if n.op == "exp" and isinstance(n.args[0], LNode)]
+    stack = [n.args[0] for n in g.nodes if n.op == "exp" and id(n) in exps and isinstance(n.args[0], LNode)]
     seen: set[int] = set()
     while stack:
         x = stack.pop()
@@ -151,7 +193,10 @@ def fold_exp2(g: LoopGraph, through_half: bool) -> LoopGraph:
     if not any(n.op == "exp" for n in g.nodes):
         return g
     f = _Folder(through_half)
-    feeds = _reductions_under_exp(g, through_half)
+    exps = {id(n) for n in g.nodes if n.op == "exp"}
+    f.unscalable = _unscalable(g, through_half)
+    feeds = _reductions_under_exp(g, through_half, exps - f.unscalable) - \
+        _reductions_under_exp(g, through_half, f.unscalable)
     for n in g.nodes:
         f.new[id(n)] = f.rewrite(n, feeds)
     outputs = [type(o)(f.new[id(o.node)], o.dims, o.shape, o.dtype) for o in g.outputs]
