@@ -160,3 +160,20 @@ def test_bench_runs_from_the_package_alone(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "--check-only" in proc.stdout and "python -m flashtensor.bench.bench" in proc.stdout
+
+
+@pytest.mark.unit
+def test_bench_exits_nonzero_when_flashtensor_fails_its_check(monkeypatch, capsys):
+    """A wrong flashtensor answer makes bench exit 1 (a peer's failure does not: it is a measurement)."""
+    real = bench.build
+
+    def build(system, name, fn, args):
+        f = real(system, name, fn, args) if system != "flashtensor" else fn
+        return (lambda *a: f(*a) * 2) if system == "flashtensor" else f
+
+    monkeypatch.setattr(bench, "build", build)
+    argv = ["attn", "--check-only", "--shape", "small", "--dtype", "fp32", "--peers", "eager", "--json", "", "--plot", ""]
+    assert bench.main(argv) == 1
+    assert "failed the correctness check on attn" in capsys.readouterr().err
+    monkeypatch.setattr(bench, "build", lambda system, name, fn, args: real(system, name, fn, args) if system != "flashtensor" else fn)
+    assert bench.main(argv) == 0

@@ -381,7 +381,10 @@ def main(argv: list[str] | None = None) -> int:
             print("bench: --check-only measures no times; no plot", file=sys.stderr)
         elif plot(results, args.plot):
             print(f"bench: plot in {args.plot}")
-    return 0
+    failed = [n for n, w in results["workloads"].items() if "flashtensor" in w and not w["flashtensor"]["ok"]]
+    if failed:
+        print(f"bench: flashtensor failed the correctness check on {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
