@@ -32,7 +32,9 @@ from flashtensor.testing import as_tuple, compare, rel_err
 EXAMPLES = int(os.environ.get("FLASHTENSOR_FUZZ_EXAMPLES", "12"))
 # on a GPU machine (no interpreter) the programs run as compiled kernels on the GPU
 DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# FLASHTENSOR_FUZZ_DTYPES=fp16,bf16 restricts a campaign (a GPU campaign in half precision, say)
+_NAMED = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+DTYPES = tuple(_NAMED[d] for d in os.environ.get("FLASHTENSOR_FUZZ_DTYPES", "fp32,fp16,bf16").split(","))
 ROW_STATS = ("rowmax", "rowsum", "entropy", "rowcount")
 COL_STATS = ("colsum", "colsq", "colmax", "colany", "colcount")
 THRESHOLD_STATS = ("rowcount", "colany", "colcount")
