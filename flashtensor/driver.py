@@ -98,16 +98,16 @@ def _partition(plan: Plan, call: Call) -> list[list[KernelPlan]]:
 
 
 def _offered(plan: Plan, call: Call) -> list[int]:
-    """The candidates the search tries: every one on a GPU (the tuner times them), the first on the CPU;
-    only `options.candidate` where it names one."""
+    """The candidates the search may try, in order: every one, or only `options.candidate` where it names one."""
     ks = list(range(len(plan.stages["partition"])))
     if call.options.candidate is not None:
         ks = ks[call.options.candidate:call.options.candidate + 1]
-    return ks if timed(call.device) else ks[:1]
+    return ks
 
 
 def _schedule(plan: Plan, call: Call) -> dict[int, list[Schedule]]:
-    """Each offered candidate's kernel schedules, by candidate index; a candidate that cannot be scheduled is
+    """Each offered candidate's kernel schedules, by candidate index: every one that schedules on a GPU (the
+    tuner times them), the first on the CPU (nothing is timed). A candidate that cannot be scheduled is
     dropped (the reason goes to the debug log, and to the note when none is left)."""
     loops, out, errors = plan.stages["rewrites"], {}, []
     for c in _offered(plan, call):
@@ -120,6 +120,8 @@ def _schedule(plan: Plan, call: Call) -> dict[int, list[Schedule]]:
             errors.append(str(e))
             continue
         _log_plan(c, plans, out[c])
+        if not timed(call.device):
+            break
     if not out:
         raise ScheduleError("; ".join(errors))
     return out
@@ -149,7 +151,7 @@ def _tune(plan: Plan, call: Call) -> tuple[int, list[Launch]]:
     bufs = input_buffers(list(call.example) + [c.to(call.device) for c in plan.stages["constants"]])
     specs = plan.stages["emit"]
     start = time.perf_counter()
-    offered = len(_offered(plan, call))
+    offered = len(specs)
     progress.info("planning %d partition(s) of %d fused node(s) on %s", offered, len(plan.stages["rewrites"].nodes),
                   call.device)
     best: Optional[tuple[float, int, list[Launch]]] = None

@@ -235,7 +235,6 @@ def test_debug_log_shows_every_stage_and_decision(caplog, tmp_path, monkeypatch)
     assert ours and all(r.name.startswith("flashtensor") for r in ours)
 
 
-@pytest.mark.unit
 def test_debug_log_gives_the_reason_a_merge_is_rejected(caplog):
     def column_total_times_row_total(q, k):
         """The column sum of q cannot join the attention kernel: that kernel's grid splits the rows (300 of

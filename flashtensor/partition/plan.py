@@ -30,9 +30,10 @@ class KernelPlan:
 
 
 def _cuts(roots: list[LNode], parallel: set[Var], produced: set[LNode],
-          whole: int = 0) -> tuple[list[LNode], set[LNode]]:
+          whole: int = 0, nested: bool = False) -> tuple[list[LNode], set[LNode]]:
     """Reductions over a parallel variable reachable from `roots` (stopping at `produced`), except those
-    over a variable of extent at most `whole`, which a program can hold whole in its tile."""
+    over a variable of extent at most `whole`, which a program can hold whole in its tile; with `nested`,
+    also a sum that another sum reads directly (per-head column sums under a sum over a head group)."""
     cuts: list[LNode] = []
     seen: set[int] = set()
     stack = list(roots)
@@ -45,7 +46,9 @@ def _cuts(roots: list[LNode], parallel: set[Var], produced: set[LNode],
         for a in n.inputs:
             if a in produced and a not in roots:
                 loads.add(a)
-            elif a.op == "reduce" and a.attrs["var"] in parallel and a.attrs["var"].extent > whole and a not in roots:
+            elif a.op == "reduce" and a not in roots and (
+                    (a.attrs["var"] in parallel and a.attrs["var"].extent > whole) or
+                    (nested and n.op == a.op == "reduce" and n.attrs["kind"] == a.attrs["kind"] == "sum")):
                 cuts.append(a)
                 loads.add(a)
             else:
@@ -59,13 +62,14 @@ def partitions(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]], whol
     parallel variables (KeyFormer's noisy-softmax row statistics beside the attention output) get a
     kernel of their own, which recomputes the shared scores but carries less per program. The third
     keeps reductions over parallel variables of extent at most `whole` inside the kernel (a softmax
-    over short rows returned whole: one pass instead of statistics, then the elementwise pass)."""
+    over short rows returned whole: one pass instead of statistics, then the elementwise pass). The fourth
+    cuts a sum that another sum reads (GQA's column sums per head, then the sum over the head group)."""
     out: list[list[KernelPlan]] = []
-    for related_only, short in ((False, 0), (True, 0), (False, whole)):
+    for related_only, short, nested in ((False, 0, False), (True, 0, False), (False, whole, False), (False, 0, True)):
         try:
-            plans = partition(g, accept, related_only, short)
+            plans = partition(g, accept, related_only, short, nested)
         except PartitionError:
-            if short:
+            if short or nested:
                 continue
             raise
         if all(_grouping(plans) != _grouping(o) for o in out):
@@ -78,7 +82,7 @@ def _grouping(plans: list[KernelPlan]) -> set[frozenset[int]]:
 
 
 def partition(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]],
-              related_only: bool = False, whole: int = 0) -> list[KernelPlan]:
+              related_only: bool = False, whole: int = 0, nested: bool = False) -> list[KernelPlan]:
     """Cover the outputs with kernels. `accept(plan)` returns None if a kernel can be scheduled,
     else the reason; merges are only kept when accepted (and, with `related_only`, only between values
     one of which reads the other); reductions over parallel variables of extent at most `whole` stay
@@ -91,7 +95,7 @@ def partition(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]],
         if r in produced:
             continue
         produced.add(r)
-        cuts, _ = _cuts([r], set(r.vars), set(), whole)
+        cuts, _ = _cuts([r], set(r.vars), set(), whole, nested)
         groups.append([r])
         work.extend(c for c in cuts if c not in produced)
     # group roots with nested parallel variables, largest first
@@ -103,20 +107,22 @@ def partition(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]],
             related = not related_only or any(id(gr[0]) in upstream[id(r)] or id(r) in upstream[id(gr[0])] for r in k)
             if set(gr[0].vars) <= {v for r in k for v in r.vars} and related:
                 trial = KernelPlan(k + gr)
-                trial.loads = _cuts(trial.roots, trial.parallel, produced, whole)[1]
-                if accept(trial) is None:
+                cuts, trial.loads = _cuts(trial.roots, trial.parallel, produced, whole, nested)
+                # a merge that makes a value a cut which no kernel produces (a sum over a head group whose
+                # variable the merged kernel carries) is not a kernel
+                if set(cuts) <= produced and accept(trial) is None:
                     k.extend(gr)
                     break
         else:
             kernels.append(list(gr))
     plans = [KernelPlan(k) for k in kernels]
     for p in plans:
-        p.loads = _cuts(p.roots, p.parallel, produced, whole)[1]
+        p.loads = _cuts(p.roots, p.parallel, produced, whole, nested)[1]
     if _order(plans) is None:
         # reading what another kernel stores instead of recomputing it closed a cycle (a value stored by
         # one kernel that needs another's statistics): recompute such values, load only the true cuts
         for p in plans:
-            p.loads = _cuts(p.roots, p.parallel, set(), whole)[1]
+            p.loads = _cuts(p.roots, p.parallel, set(), whole, nested)[1]
     ordered = _order(plans)
     if ordered is None:
         raise PartitionError("kernels would depend on each other in a cycle")

@@ -12,9 +12,11 @@ from typing import Callable
 
 from ..ir.loops import LoopGraph
 from .exp2 import fold_exp2
+from .sums import commute_sums
 
 Rewrite = Callable[[LoopGraph, bool], LoopGraph]
 REWRITES: list[tuple[str, Rewrite]] = [
+    ("nested sums: the long variable inside", commute_sums),
     ("exp -> exp2 with log2 e folded into the argument", fold_exp2),
 ]
 
