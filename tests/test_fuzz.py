@@ -27,7 +27,7 @@ from conftest import each_partition
 from flashtensor import FallbackWarning
 from flashtensor.options import CONFIGS
 from flashtensor.runtime.plan import Program
-from flashtensor.testing import as_tuple, compare, rel_err
+from flashtensor.testing import as_tuple, compare, compare_with_exact
 
 EXAMPLES = int(os.environ.get("FLASHTENSOR_FUZZ_EXAMPLES", "12"))
 # on a GPU machine (no interpreter) the programs run as compiled kernels on the GPU
@@ -238,15 +238,11 @@ def _near_threshold(spec: Spec, name: str, args: tuple) -> torch.Tensor:
 
 
 def check(spec: Spec, fn: Callable, args: tuple, out, ref) -> None:
-    """docs/design.md §6 per output. Half-precision results that miss eager by more than 2e-3 are held to the float64
-    answer instead: no worse than eager's own error (or than storing the exact answer) plus 2e-3, since eager's
-    half-precision intermediates are themselves that far off (tests/test_kernels.py::test_bf16_against_float64).
-    A float32 result gets the same treatment with 1e-4 only where eager itself is more than 1e-4 from the
-    float64 answer: an ill-conditioned output, where any other order of the same float32 operations misses
-    eager too. Threshold statistics may differ from eager only where a probability sits within rounding of
-    the threshold. NaN and inf must sit where eager has them, unless eager's half-precision result places
-    them otherwise than the float64 answer does (the CPU's bf16 matmul spreads a NaN row of p into its
-    neighbour's output row): then they must sit where float64 has them."""
+    """docs/design.md §6 per output, with its float64 rule (flashtensor.testing.compare_with_exact: half
+    results that miss eager by more than 2e-3, and ill-conditioned float32 ones, are held to the float64
+    answer; NaN and inf to float64's places where eager's half-precision result puts them elsewhere: the
+    CPU's bf16 matmul spreads a NaN row of p into its neighbour's output row). Threshold statistics may
+    differ from eager only where a probability sits within rounding of the threshold."""
     outs, refs = as_tuple(out), as_tuple(ref)
     assert len(outs) == len(refs), f"{len(outs)} outputs, eager gives {len(refs)}"
     names = ("o",) + spec.stats
@@ -259,40 +255,9 @@ def check(spec: Spec, fn: Callable, args: tuple, out, ref) -> None:
             assert bool((off <= slack).all()), f"{name}: {int((off > slack).sum())} elements differ beyond rounding"
             continue
         m = compare(o, r)
-        if m.ok:
-            continue
-        x = as_tuple(fn(*exact_args(spec, args)))[k]
-        if not m.problem.startswith("relative error"):
-            o, r, x = o.cpu(), r.cpu(), x.cpu()
-            assert r.dtype != torch.float32 and not torch.equal(_nonfinite(r), _nonfinite(x)), f"{name}: {m.problem}"
-            assert torch.equal(_nonfinite(o), _nonfinite(x)), f"{name}: {m.problem}, and from float64's"
-            keep = torch.isfinite(x) & torch.isfinite(r)
-            o, r, x = o[keep], r[keep], x[keep]
-            m = compare(o, r)
-            if m.ok:
-                continue
-        tol = 1e-4 if r.dtype == torch.float32 else 2e-3
-        floor = max(rel_err(r, x), _interpreter_floor(x, r.dtype))
-        assert r.dtype != torch.float32 or floor > tol, f"{name}: {m.problem} (eager is {floor:.1e} from float64)"
-        assert rel_err(o, x) <= floor + tol, f"{name}: error {rel_err(o, x):.3e} vs float64, eager's own {floor:.3e}"
-
-
-def _nonfinite(t: torch.Tensor) -> torch.Tensor:
-    """Where t is NaN, +inf and -inf."""
-    return torch.stack([t.isnan(), t == math.inf, t == -math.inf])
-
-
-def _interpreter_floor(exact: torch.Tensor, dtype: torch.dtype) -> float:
-    """Triton's interpreter truncates float32 to bf16 (the GPU rounds to nearest). The kernels' dot operands
-    are rounded as on the GPU (codegen.emit's _round_bf16), but the stores truncate, toward zero. The
-    floor is twice the error of truncating the exact answer, and at least two bf16 steps (2^-8) where the
-    outputs are too few for truncation errors to average out (a 2 x 2 causal softmax whose output truncated
-    twice is 6.9e-3 from the exact answer, while truncating the exact answer once is 2.1e-3 from it): a
-    floor of one truncation failed some of 150 random programs."""
-    if dtype != torch.bfloat16 or os.environ.get("TRITON_INTERPRET") != "1":
-        return 0.0
-    truncated = (exact.float().contiguous().view(torch.int32) & -65536).view(torch.float32)
-    return max(2 * rel_err(truncated, exact), 2 * 2.0 ** -8)
+        if not m.ok:
+            m = compare_with_exact(o, r, as_tuple(fn(*exact_args(spec, args)))[k])
+        assert m.ok, f"{name}: {m.problem}"
 
 
 def run_spec(spec: Spec, candidate: Optional[int] = None) -> Program:
@@ -377,7 +342,7 @@ FOUND = [
     Spec("softmax", batch=1, heads=1, kv_heads=1, q_len=1, kv_len=4, dim=16, dtype=torch.float32, cap=30.0,
          stats=("entropy",), seed=705),
     # a bf16 2 x 2 causal softmax under the interpreter: its two truncations to bf16 (dot operand, store)
-    # cost 6.9e-3 against a floor of one bf16 step (_interpreter_floor now allows a step for each)
+    # cost 6.9e-3 against a floor of one bf16 step (testing.interpreter_floor now allows a step for each)
     Spec("softmax", batch=1, heads=1, kv_heads=1, q_len=2, kv_len=2, dim=32, dtype=torch.bfloat16, layout="bhsd",
          expand="repeat_interleave", scale=1.0, mask="causal", apply="masked_fill", seed=15529),
     # float32 inputs cast to bf16 by the program: one kernel's dot rounded the casts, the other's

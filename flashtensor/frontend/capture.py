@@ -47,10 +47,11 @@ _SKIP = tuple(os.path.dirname(inspect.getfile(m)) + os.sep for m in (torch,)) + 
 
 
 def _user_frame() -> str:
-    """The innermost frame outside torch and the flashtensor package itself (workloads.py counts as user code)."""
+    """The innermost frame outside torch and the flashtensor package itself (workloads.py and bench/programs.py
+    count as user code)."""
     for fr in reversed(traceback.extract_stack()[:-2]):
         f = os.path.abspath(fr.filename)
-        if (f.startswith(_SKIP) and not f.endswith("workloads.py")) or fr.filename.startswith("<"):
+        if (f.startswith(_SKIP) and not f.endswith(("workloads.py", "programs.py"))) or fr.filename.startswith("<"):
             continue
         return f"{f}:{fr.lineno}: {(fr.line or '').strip()}"
     return ""

@@ -1,0 +1,201 @@
+"""Check the project's held programs (flashtensor/bench/programs.py) against eager, and time them on a GPU.
+
+    python -m flashtensor.bench.held [NAMES...] [--dtypes fp16,bf16] [--shape small|gpu] [--json F] [--rep N] \
+        [--rounds N]
+
+For each program and dtype: eager runs, `ft.compile` runs, and every output is checked under the contract
+(flashtensor.testing.compare_with_exact, float64 rule included); the plan says whether it fused (every
+piece in kernels), partly fused or fell back to eager, and why. On a GPU eager and flashtensor are then
+timed in interleaved rounds (bench.time_rounds). A crash is a result, reported in the table, and fails the
+run like a wrong answer does: the exit status is 1 if any check fails. Without a GPU only the checks run,
+at the small shapes, under Triton's interpreter.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import json
+import sys
+import warnings
+from typing import Any, Callable
+
+import torch
+
+import flashtensor as ft
+from flashtensor import testing
+from flashtensor.cli.main import _use_interpreter_without_gpu
+from flashtensor.runtime.plan import Program
+from flashtensor.testing import as_tuple
+
+from . import bench, programs
+
+SHAPES = {"small": programs.SMALL, "gpu": programs.GPU}
+
+
+def exact_args(args: tuple) -> tuple:
+    """The inputs as float64 copies, for the exact answer (integer masks and Python numbers as they are)."""
+    return tuple(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+
+
+def outcome(prog: Program) -> str:
+    """fused (every piece in kernels), partial (some piece in eager) or fallback (all eager), from the plan."""
+    if not prog.launches:
+        return "fallback"
+    return "partial" if prog.notes else "fused"
+
+
+def check_outputs(fn: Callable, args: tuple, out: Any, ref: Any) -> list[testing.Match]:
+    """Each output against eager under the contract; the float64 answer is computed once, and only where
+    an output misses eager."""
+    outs, refs = as_tuple(out), as_tuple(ref)
+    if len(outs) != len(refs):
+        return [testing.Match(float("nan"), 0.0, f"{len(outs)} outputs, eager gives {len(refs)}")]
+    exact = functools.cache(lambda: as_tuple(fn(*exact_args(args))))
+    matches = []
+    for k, (o, r) in enumerate(zip(outs, refs)):
+        m = testing.compare(o, r)
+        matches.append(m if m.ok else testing.compare_with_exact(o, r, exact()[k]))
+    return matches
+
+
+def run_program(name: str, dtype: str, dims: dict, device: str) -> tuple[dict, dict]:
+    """Build, run and check one program; returns its record and what to time (empty after a crash)."""
+    rec: dict[str, Any] = {"program": name, "dtype": dtype, "status": None, "notes": "", "ok": False,
+                           "outputs": [], "error": None, "eager": None, "flashtensor": None}
+    try:
+        fn, args = programs.make(name, device=device, dtype=bench.DTYPES[dtype], **dims)
+        with torch.no_grad():
+            ref = fn(*args)
+    except Exception as e:  # noqa: BLE001
+        rec["error"] = "eager: " + bench._error(e)
+        return rec, {}
+    try:
+        compiled = ft.compile(fn)
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore", ft.FallbackWarning)
+            out = compiled(*args)
+        prog = compiled.program_for(args)
+        matches = check_outputs(fn, args, out, ref)
+    except Exception as e:  # noqa: BLE001  (a crash is a result: the table reports it)
+        rec["error"] = bench._error(e)
+        return rec, {}
+    rec["status"] = outcome(prog)
+    rec["notes"] = "; ".join(prog.notes)[:200]
+    rec["outputs"] = [{"error": m.error, "tol": m.tol, "against": m.against, "problem": m.problem} for m in matches]
+    internal = [n for n in prog.notes if n.startswith("internal compiler error")]
+    rec["ok"] = all(m.ok for m in matches) and not internal
+    if internal:
+        rec["error"] = internal[0][:200]
+    return rec, {"eager": (fn, args), "flashtensor": (compiled, args)}
+
+
+def time_program(rec: dict, runs: dict, rep: int, rounds: int) -> None:
+    """Eager and flashtensor in `rounds` interleaved rounds; ms is the median of the rounds' medians."""
+    recs: dict[str, dict[str, Any]] = {k: {"ms": None, "ms_rounds": [], "error": None} for k in runs}
+    bench.time_rounds(runs, recs, rep, rounds)
+    for k, r in recs.items():
+        rec[k] = r
+
+
+def _cell_error(rec: dict) -> str:
+    worst = max(rec["outputs"], key=lambda o: o["error"] if o["error"] == o["error"] else float("inf"),
+                default=None)
+    if worst is None:
+        return "-"
+    return f"{worst['error']:.1e}" + (" vs float64" if worst["against"] == "float64" else "")
+
+
+def _ms(rec: dict, system: str) -> float | None:
+    r = rec[system]
+    return r["ms"] if r and not r["error"] else None
+
+
+def ratio(rec: dict) -> float | None:
+    """Eager's time over flashtensor's: at least 1 where flashtensor is at least as fast as eager."""
+    e, f = _ms(rec, "eager"), _ms(rec, "flashtensor")
+    return e / f if e and f else None
+
+
+def markdown(results: dict) -> str:
+    """The results as a table, then each program's notes, problems and crashes."""
+    def fmt(x: float | None) -> str:
+        return "-" if x is None else (f"{x:.3f}" if x < 1 else f"{x:.2f}")
+
+    lines = [f"Held programs on {results['device']}, {results['shape']} shapes {results['dims']}, "
+             f"{results['date']}.", "",
+             "| program | dtype | fused? | check | error | eager ms | flashtensor ms | ratio (eager / ft) |",
+             "|---|---|---|---|---|---|---|---|"]
+    details = []
+    for rec in results["programs"]:
+        check = "pass" if rec["ok"] else ("crash" if rec["error"] and rec["status"] is None else "FAIL")
+        r = ratio(rec)
+        cells = [rec["program"], rec["dtype"], rec["status"] or "-", check, _cell_error(rec),
+                 fmt(_ms(rec, "eager")), fmt(_ms(rec, "flashtensor")), "-" if r is None else f"{r:.2f}x"]
+        lines.append("| " + " | ".join(cells) + " |")
+        said = [rec["error"]] if rec["error"] else []
+        said += [f"output {k}: {o['problem']}" for k, o in enumerate(rec["outputs"]) if o["problem"]]
+        said += [rec["notes"]] if rec["notes"] and rec["notes"] not in said else []
+        details += [f"- {rec['program']} / {rec['dtype']}: {s}" for s in said]
+    return "\n".join(lines + ([""] + details if details else []))
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m flashtensor.bench.held", description=__doc__.splitlines()[0])
+    p.add_argument("programs", nargs="*", help="default: all of flashtensor.bench.programs.NAMES")
+    p.add_argument("--dtypes", default="fp16,bf16", help=f"comma-separated, from {','.join(bench.DTYPES)}")
+    p.add_argument("--shape", choices=list(SHAPES), help="default: gpu on a GPU, small on the CPU")
+    p.add_argument("--json", default="", help="write every record here ('' for none)")
+    p.add_argument("--rep", type=int, default=100, help="do_bench rep, in ms (default %(default)s)")
+    p.add_argument("--rounds", type=int, default=3, choices=range(1, 100), metavar="N",
+                   help="time each system N times, interleaved; report the median (default %(default)s)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    device = _use_interpreter_without_gpu()   # restarts the process once where triton was loaded without it
+    cuda = device == "cuda"
+    shape = args.shape or ("gpu" if cuda else "small")
+    names = args.programs or programs.NAMES
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    unknown = [n for n in names if n not in programs.PROGRAMS] + [d for d in dtypes if d not in bench.DTYPES]
+    if unknown:
+        parser.error(f"unknown program or dtype: {', '.join(unknown)}")
+    if not cuda and shape == "gpu":
+        parser.error("the gpu shapes need a GPU: under the interpreter they would run for hours")
+    import triton
+
+    if not cuda:   # the interpreter computes masked-off lanes too (pyproject.toml filters the same in the tests)
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module="triton.runtime.interpreter")
+    results: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name() if cuda else "cpu (Triton interpreter)",
+        "torch": torch.__version__, "triton": triton.__version__, "shape": shape, "dims": SHAPES[shape],
+        "timed": cuda, "rep_ms": args.rep, "rounds": args.rounds, "programs": []}
+    total = len(names) * len(dtypes)
+    for n in names:
+        for d in dtypes:
+            rec, runs = run_program(n, d, SHAPES[shape], device)
+            if cuda and runs:
+                time_program(rec, runs, args.rep, args.rounds)
+            results["programs"].append(rec)
+            r = ratio(rec)
+            problems = ([rec["error"]] if rec["error"] else []) + [o["problem"] for o in rec["outputs"] if o["problem"]]
+            said = "pass" if rec["ok"] else "FAIL: " + "; ".join(problems)
+            print(f"[{len(results['programs'])}/{total}] {n} {d}: {rec['status'] or 'crash'}, {said}, "
+                  f"error {_cell_error(rec)}" + (f", {r:.2f}x eager" if r else ""), flush=True)
+            del runs
+            bench._free()
+            if args.json:  # after every program, so that an interrupted run keeps what it measured
+                with open(args.json, "w") as f:
+                    json.dump(results, f, indent=1)
+    print()
+    print(markdown(results), flush=True)
+    return 0 if all(rec["ok"] for rec in results["programs"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
