@@ -239,8 +239,8 @@ def _plan(plan: Plan, call: Call, args: list[Any], use_cache: bool) -> None:
     plan.cached = entry is not None
     if entry is None:
         entry = _search(plan, call)
-        if key:
-            plan_cache.store(key, entry)
+        if key and not any(n.startswith("internal compiler error") for n in entry["notes"]):
+            plan_cache.store(key, entry)      # a compiler bug's fallback is not a plan to keep
     plan.entry = entry
 
 

@@ -294,3 +294,18 @@ def test_internal_compiler_error_falls_back_to_eager_with_its_reason(monkeypatch
     with pytest.warns(FallbackWarning, match="internal compiler error"):
         out = ft.compile(fn, cache=False)(q[:, :, None], k[:, :, None], v[:, :, None])
     assert_close(out, eager(fn, q[:, :, None], k[:, :, None], v[:, :, None]))
+
+
+def test_an_internal_compiler_error_is_not_cached(monkeypatch, tmp_path):
+    """A stage's bug gives eager's answer for this call, but no plan on disk: the next process plans again."""
+    from flashtensor.transform import rewrite
+
+    def broken(*args, **kwargs):
+        raise KeyError("simulated bug")
+
+    monkeypatch.setenv("FLASHTENSOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(rewrite, "REWRITES", [("broken", broken)])
+    q, k, v = qkv(1, 40, 16)
+    with pytest.warns(FallbackWarning, match="internal compiler error"):
+        ft.compile(workloads.attn)(q[:, :, None], k[:, :, None], v[:, :, None])
+    assert not list((tmp_path / "plans").glob("*.plan"))

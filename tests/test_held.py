@@ -26,18 +26,12 @@ FAILS = {
        for d in DTYPES},
     **{("gpt_oss_sinks", d): CAT + " (the sink logit concatenated to the scores)" for d in DTYPES},
     **{("rope_attention", d): CAT + " (rotate_half)" for d in DTYPES},
-    ("left_padding", "fp16"): "the padded query rows (every key masked): eager rounds scores + (1 - mask) * "
-                              "finfo.min to fp16 (-65504 for all, a uniform row), the kernel adds the bias in "
-                              "float32 and keeps the scores' differences; those rows miss eager by 1e-1 or more "
-                              "(6.5e-1 at this shape)",
 }
 
 # what does not run wholly in kernels today (the notes say why); every other program must stay fused
 NOT_FUSED = {
     "gpt_oss_sinks": "crashes in capture (cat)",
     "rope_attention": "crashes in capture (cat)",
-    "h2o_kv_heads": "no fused plan: the (B, Hkv, G, Sq, Sk) reshape's mean over G is 'a sum over a three-variable "
-                    "product that is not a contraction'",
     "snapkv_window": "partial: no lowering for aten.avg_pool2d (F.avg_pool1d)",
     "tova": "fallback: no lowering for aten.repeat, and no fused plan for the mean over heads",
     "retention": "fallback: no Triton lowering for op 'pow' (gamma ** (i - j))",

@@ -8,6 +8,7 @@ faithful. A cast of an input that rounds is rounded in every plan (ir.loops.roun
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +33,30 @@ def decide(loops: LoopGraph) -> Precision:
     return Precision(faithful, narrowed)
 
 
+# a constant at least this large (an fp16 step of 2, a bf16 step of 2) decides a half sum's rounding
+_COARSE = {torch.float16: 2.0 ** 11, torch.bfloat16: 2.0 ** 8}
+
+
+def _mask_like(x: object, dtype: torch.dtype) -> bool:
+    """x is a large finite constant, or a select or product that gives one (an additive mask: finfo.min on padded
+    keys). An infinite one is exact in any sum (analysis.facts.exact_sum)."""
+    if not isinstance(x, LNode):
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and _COARSE[dtype] <= abs(x) < math.inf
+    if x.op == "scalar":
+        return _mask_like(x.attrs["value"], dtype)
+    if x.op == "cast":
+        return _mask_like(x.args[0], dtype)
+    if x.op == "where":
+        return _mask_like(x.args[1], dtype) or _mask_like(x.args[2], dtype)
+    return x.op == "mul" and any(_mask_like(a, dtype) for a in x.args)
+
+
+def rounds_sum(n: LNode) -> bool:
+    """A half-precision sum with an additive mask of large constants: eager rounds s + finfo(fp16).min to -65504,
+    which makes a fully masked row uniform, while float32 keeps s's differences. Rounded in every plan."""
+    return n.dtype in _HALF and n.op in ("add", "sub") and any(_mask_like(a, n.dtype) for a in n.args)
+
+
 def rounds(n: LNode, faithful: bool) -> bool:
     """Whether the kernels round n to its half type (else its float32 value stands for it, no instruction)."""
-    return (faithful and n.dtype in _HALF) or rounds_input(n)
+    return (faithful and n.dtype in _HALF) or rounds_input(n) or rounds_sum(n)

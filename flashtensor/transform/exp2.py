@@ -23,6 +23,7 @@ import math
 
 import torch
 
+from ..analysis.precision import rounds_sum
 from ..ir.loops import LNode, LoopGraph, NodeTable, loop_topo, rounds_input, var_union
 
 LOG2E = 1.0 / math.log(2.0)
@@ -54,7 +55,7 @@ class _Folder:
         return self.table.get(op, args, dtype, vs, attrs)
 
     def opaque_to_scaling(self, n: LNode) -> bool:
-        return n.dtype in _HALF and (not self.through_half or rounds_input(n))
+        return n.dtype in _HALF and (not self.through_half or rounds_input(n) or rounds_sum(n))
 
     def scale(self, x, c: float = LOG2E):
         """x * c, pushed as far down as the rules allow."""
@@ -144,7 +145,7 @@ def _largest(x, c: float, through_half: bool) -> float:
     if not isinstance(x, LNode):
         return _finite(float(x), c) if not isinstance(x, bool) else 0.0
     op, a = x.op, x.args
-    if not x.dtype.is_floating_point or (x.dtype in _HALF and (not through_half or rounds_input(x))):
+    if not x.dtype.is_floating_point or (x.dtype in _HALF and (not through_half or rounds_input(x) or rounds_sum(x))):
         return 0.0
     if op == "scalar":
         return _finite(float(x.attrs["value"]), c)
