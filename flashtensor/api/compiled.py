@@ -20,7 +20,8 @@ class Compiled:
         self.options = options
         self.programs: dict[tuple, Program] = {}
         self._lock = threading.Lock()
-        functools.update_wrapper(self, fn)
+        # not `__dict__`: an object's own attributes (an `fn` among them) must not replace this one's
+        functools.update_wrapper(self, fn, updated=())
 
     def program_for(self, args: Sequence[Any]) -> Program:
         key = signature(args)
