@@ -1,10 +1,11 @@
 """Guards and calling conventions: what a plan bakes in is checked on every call, so a changed global, closure
 variable, attribute, captured tensor or container never reuses the old plan; keyword arguments, defaults,
-partials and callable objects call what they name."""
+partials and callable objects call what they name; inputs that require grad get eager's gradients."""
 import functools
 import math
 import sys
 import types
+import warnings
 
 import pytest
 import torch
@@ -368,6 +369,19 @@ def test_hf_style_attention_function_is_planned_per_layer():
     fused(fast)
 
 
+def test_hf_style_attention_under_grad_mode_runs_eager_with_gradients():
+    config, (layer, _), x, mask = hf_model(17)
+    fast = ATTENTION_FUNCTIONS["flashtensor"]
+    before = len(fast.programs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FallbackWarning)
+        out, _ = layer(x, mask)
+    grads = torch.autograd.grad(out.square().sum(), list(layer.parameters()))
+    ref, _ = hf_eager(config, layer, x, mask)
+    assert_close(grads, torch.autograd.grad(ref.square().sum(), list(layer.parameters())))
+    assert len(fast.programs) == before
+
+
 class Projected(nn.Module):
     """A module compiled whole: its weights are captured, so writing or replacing them must replan."""
 
@@ -394,3 +408,40 @@ def test_compiled_module_sees_its_weights_and_attributes_change():
         assert_close(fast(q, k, v), module(q, k, v))
     assert len(fast.programs) == 4
     fused(fast)
+    with warnings.catch_warnings():                      # its parameters require grad: eager under grad mode
+        warnings.simplefilter("ignore", FallbackWarning)
+        out = fast(q, k, v)
+    grads = torch.autograd.grad(out.sum(), list(module.parameters()))
+    assert_close(grads, torch.autograd.grad(module(q, k, v).sum(), list(module.parameters())))
+    assert len(fast.programs) == 4
+
+
+# ---- autograd ------------------------------------------------------------------------------------------------
+
+@pytest.mark.unit
+def test_inputs_that_require_grad_get_eagers_gradients():
+    q, k, v = (t.requires_grad_() for t in qkv(17))
+    fast = ft.compile(attention)
+    with pytest.warns(FallbackWarning, match="inputs require grad: running attention in eager PyTorch"):
+        out = fast(q, k, v)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)      # said once per compiled callable
+        out2 = fast(q, k, v)
+    assert out.grad_fn is not None and out2.grad_fn is not None
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    ref = torch.autograd.grad(attention(q, k, v).square().sum(), (q, k, v))
+    assert_close(grads, ref)
+    assert not fast.programs
+
+
+@pytest.mark.unit
+def test_backend_gives_eagers_gradients():
+    torch._dynamo.reset()
+    q, k, v = (t.requires_grad_() for t in qkv(19))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FallbackWarning)
+        out = torch.compile(attention, backend="flashtensor")(q, k, v)
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    ref = torch.autograd.grad(attention(q, k, v).square().sum(), (q, k, v))
+    assert_close(grads, ref)
+    torch._dynamo.reset()

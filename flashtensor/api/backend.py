@@ -17,6 +17,8 @@ NAME = "flashtensor"
 
 
 def flashtensor_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> Callable:
+    """`ft.compile` of the graph. Tensors that require grad make it run the graph eagerly (api/compiled.py), which
+    is what Dynamo, handing over a graph without AOTAutograd, needs for autograd to record it."""
     return ft_compile(gm.forward)
 
 

@@ -25,10 +25,11 @@ class Compiled:
         self.fn = fn
         self.options = options
         self.programs: dict[tuple, Program] = {}
-        # per key: the tensors the plan baked in, with their versions then
-        self._baked: dict[tuple, list[tuple[torch.Tensor, int]]] = {}
+        # per key: the tensors the plan baked in, with their versions then, and whether any requires grad
+        self._baked: dict[tuple, tuple[list[tuple[torch.Tensor, int]], bool]] = {}
         self._guards = Guards(fn)
         self._lock = threading.Lock()
+        self._warned_grad = False
         self._changed = 0           # builds in a row whose trace changed what the function reads
         # not `__dict__`: an object's own attributes (an `fn` among them) must not replace this one's
         functools.update_wrapper(self, fn, updated=())
@@ -39,21 +40,27 @@ class Compiled:
         if call is None:
             self.fn(*args, **(kwargs or {}))     # raises eager's own TypeError
             raise TypeError(f"the arguments do not fit the signature of {name_of(self.fn)}")
-        return self._plan(call)
+        return self._plan(call)[0]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         call = self._guards.bind(args, kwargs)
         if call is None or self._changed >= _CHANGED:
             return self.fn(*args, **kwargs)      # arguments that do not fit: eager raises its own error
-        return self._plan(call).run(call.leaves)
+        grad = torch.is_grad_enabled()
+        if grad and call.requires_grad:
+            return self._eager(args, kwargs)
+        prog, baked_grad = self._plan(call)
+        if grad and baked_grad:
+            return self._eager(args, kwargs)
+        return prog.run(call.leaves)
 
-    def _plan(self, call: Call) -> Program:
-        """The program for `call`. A miss walks the function again (guards.Guards.refresh) before it builds; a plan
-        whose baked-in tensors were written since is rebuilt."""
+    def _plan(self, call: Call) -> tuple[Program, bool]:
+        """The program for `call` and whether a tensor it baked in requires grad. A miss walks the function again
+        (guards.Guards.refresh) before it builds; a plan whose baked-in tensors were written since is rebuilt."""
         key = self._guards.key(call)
         prog = self.programs.get(key)
         if prog is not None and self._fresh(key):
-            return prog
+            return prog, self._baked[key][1]
         with self._lock:
             self._guards.refresh()
             key = self._guards.key(call)
@@ -62,10 +69,11 @@ class Compiled:
                 prog = build(self._guards.flat(call.spec), call.leaves, self.options)
                 baked = {id(v): v for n in prog.plan.captured.nodes for v in n.attrs.values()
                          if isinstance(v, torch.Tensor)}
-                self._baked[key] = [(t, version(t)) for t in baked.values()]
+                self._baked[key] = ([(t, version(t)) for t in baked.values()],
+                                    any(t.requires_grad for t in baked.values()))
                 self.programs[key] = prog
                 self._count_changes(self._guards.key(call) != key)
-        return prog
+        return prog, self._baked[key][1]
 
     def _count_changes(self, changed: bool) -> None:
         """A function whose own run changes what it reads (a call log it appends to) misses on every call, and
@@ -77,7 +85,15 @@ class Compiled:
                           "could be reused; it runs in eager PyTorch", FallbackWarning, stacklevel=4)
 
     def _fresh(self, key: tuple) -> bool:
-        return all(version(t) == v for t, v in self._baked[key])
+        return all(version(t) == v for t, v in self._baked[key][0])
+
+    def _eager(self, args: tuple, kwargs: dict) -> Any:
+        """Run `fn` itself, which autograd records; said once per compiled callable."""
+        if not self._warned_grad:
+            self._warned_grad = True
+            warnings.warn(f"FlashTensor: inputs require grad: running {name_of(self.fn)} in eager PyTorch for "
+                          "autograd; FlashTensor's kernels are forward-only", FallbackWarning, stacklevel=3)
+        return self.fn(*args, **kwargs)
 
 
 def compile(fn: Callable, **options: Any) -> Compiled:

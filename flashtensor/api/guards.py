@@ -49,6 +49,10 @@ class Call:
     leaves: list[Any]
     spec: Optional[pytree.TreeSpec]
 
+    @property
+    def requires_grad(self) -> bool:
+        return any(isinstance(a, torch.Tensor) and a.requires_grad for a in self.leaves)
+
 
 class _Same:
     """Equal only to itself: a key holding one keeps its object alive, so no other object can take its id."""
