@@ -1,6 +1,7 @@
 """Guards and calling conventions: what a plan bakes in is checked on every call, so a changed global, closure
 variable, attribute, captured tensor or container never reuses the old plan; keyword arguments, defaults,
-partials and callable objects call what they name; inputs that require grad get eager's gradients."""
+partials and callable objects call what they name; inputs that require grad get eager's gradients; and the
+torch.compile backend takes Python floats."""
 import functools
 import math
 import sys
@@ -444,4 +445,20 @@ def test_backend_gives_eagers_gradients():
     grads = torch.autograd.grad(out.square().sum(), (q, k, v))
     ref = torch.autograd.grad(attention(q, k, v).square().sum(), (q, k, v))
     assert_close(grads, ref)
+    torch._dynamo.reset()
+
+
+# ---- the backend and Python numbers --------------------------------------------------------------------------
+
+def test_backend_takes_another_python_float():
+    """Dynamo passes a float argument as a 0-d tensor read by `.item()` once it has seen two values."""
+    torch._dynamo.reset()
+    q, k, _ = qkv(20)
+
+    def scores(q, k, tau):
+        return torch.softmax(q @ k.transpose(-1, -2) / tau, -1)
+
+    fast = torch.compile(scores, backend="flashtensor")
+    for tau in (1.5, 2.0, 3.0, 2.0):
+        assert_close(fast(q, k, tau), scores(q, k, tau))
     torch._dynamo.reset()
