@@ -6,7 +6,7 @@ Dynamo's graph run in eager PyTorch, exactly as under `ft.compile` (README, Fall
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch._dynamo.backends import registry
@@ -17,7 +17,33 @@ NAME = "flashtensor"
 
 
 def flashtensor_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> Callable:
-    return ft_compile(gm.forward)
+    """`ft.compile` of the graph. Tensors that require grad make it run the graph eagerly (api/compiled.py), which
+    is what Dynamo, handing over a graph without AOTAutograd, needs for autograd to record it."""
+    numbers = _numbers(gm)
+    compiled = ft_compile(gm.forward)
+    if not numbers:
+        return compiled
+
+    def run(*args: Any) -> Any:
+        return compiled(*(a.item() if i in numbers else a for i, a in enumerate(args)))
+    return run
+
+
+def _numbers(gm: torch.fx.GraphModule) -> frozenset[int]:
+    """Positions of the inputs that stand for Python numbers: Dynamo passes a float argument as a 0-d tensor the
+    graph reads only through `.item()`, whose symbolic value capture cannot bake in. The graph is changed to
+    take the number itself, which `ft.compile` then guards by value like any other number."""
+    numbers = set()
+    for i, p in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
+        users = list(p.users)
+        if users and all(u.op == "call_method" and u.target == "item" and len(u.args) == 1 for u in users):
+            for u in users:
+                u.replace_all_uses_with(p)
+                gm.graph.erase_node(u)
+            numbers.add(i)
+    if numbers:
+        gm.recompile()
+    return frozenset(numbers)
 
 
 def _register() -> None:

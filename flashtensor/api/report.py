@@ -76,8 +76,8 @@ class Report:
         return "\n".join(parts)
 
 
-def explain(fn: Callable, *args: Any) -> Report:
-    """Compile `fn` (a function or an `ft.compile` result) for `args` and describe the result (graphs,
+def explain(fn: Callable, *args: Any, **kwargs: Any) -> Report:
+    """Compile `fn` (a function or an `ft.compile` result) for this call and describe the result (graphs,
     properties, plan, kernels). A plan in the on-disk cache is described as it was searched."""
     compiled = fn if isinstance(fn, Compiled) else Compiled(fn, Options())
-    return Report(compiled.program_for(args).plan)
+    return Report(compiled.program_for(args, kwargs).plan)

@@ -22,7 +22,7 @@ import os
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -40,9 +40,10 @@ class CacheWarning(UserWarning):
     """A plan cache entry could not be used (corrupt, truncated, unreadable) and is rebuilt."""
 
 
-def signature(args: Sequence[Any]) -> tuple:
-    """What a plan is specialised to: every tensor's shape, dtype, device and strides; every other value."""
-    return tuple(("T", a.shape, a.dtype, a.device, a.stride()) if isinstance(a, torch.Tensor) else ("V", repr(a))
+def signature(args: Sequence[Any], value: Callable[[Any], Any] = repr) -> tuple:
+    """What a plan is specialised to: every tensor's shape, dtype, device and strides; every other value, as `value`
+    gives it (repr here, stable across processes; ft.compile's in-memory key passes api.guards.fingerprint)."""
+    return tuple(("T", a.shape, a.dtype, a.device, a.stride()) if isinstance(a, torch.Tensor) else ("V", value(a))
                  for a in args)     # runs on every call: no string conversions
 
 
