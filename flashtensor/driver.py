@@ -27,7 +27,7 @@ from .codegen.artifact import encode_kernel, with_plain_keys
 from .codegen.checkplan import plan_checks
 from .codegen.normalisers import folded_normalisers
 from .codegen.spec import KernelSpec
-from .frontend.capture import capture
+from .frontend.capture import capture, fallback_notes
 from .ir.graph import Graph
 from .ir.loops import LNode, LoopGraph, LOutput
 from .options import Options
@@ -205,8 +205,7 @@ def build(fn: Callable, args: list[Any], options: Options = Options()) -> Progra
     call = Call(tensor_fn, example, _device(example), options)
     plan = Plan()
     _run(FRONT, plan, call)
-    notes = [f"no lowering for {n.attrs['fn']} at {n.source or 'unknown source'}; it and what depends on it run "
-             "in eager PyTorch" for n in plan.captured.nodes if n.op == "opaque"]
+    notes = fallback_notes(plan.captured)
     device = call.device
     if options.kernels and not (device.type == "cuda" or (device.type == "cpu" and knobs.interpret())):
         notes.append(f"inputs on {device}: generated kernels run on CUDA devices (on the CPU only under "

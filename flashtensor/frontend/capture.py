@@ -21,7 +21,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..ir.graph import Builder, Graph, Node
-from ..ir.ops import ELEMENTWISE, GROUP, Group
+from ..ir.ops import ELEMENTWISE, GROUP, TENSOR, Group
 
 aten = torch.ops.aten
 
@@ -83,11 +83,18 @@ def capture(fn: Callable, args: Sequence[torch.Tensor]) -> Graph:
     return from_fx(gm, calls)
 
 
+def fallback_notes(g: Graph) -> list[str]:
+    """What runs in eager PyTorch, once per op and source line (the outputs of one call are one note)."""
+    return list(dict.fromkeys(f"no lowering for {n.attrs['fn']} at {n.source or 'unknown source'}; it and what "
+                              "depends on it run in eager PyTorch" for n in g.nodes if n.op == "opaque"))
+
+
 def from_fx(gm: torch.fx.GraphModule, calls: Sequence[tuple[Any, str]] = ()) -> Graph:
     b = Builder()
     env: dict[torch.fx.Node, Any] = {}
     inputs: list[Node] = []
     pending = list(calls)
+    live = _live(gm.graph)
 
     def source_of(target) -> str:
         for k, (f, src) in enumerate(pending):
@@ -106,7 +113,7 @@ def from_fx(gm: torch.fx.GraphModule, calls: Sequence[tuple[Any, str]] = ()) -> 
             t = getattr(gm, fx.target)
             env[fx] = b.add("const", (), t.shape, t.dtype, value=t)
         elif fx.op == "call_function":
-            env[fx] = _lower_call(b, fx, env, source_of(fx.target))
+            env[fx] = _lower_call(b, fx, env, source_of(fx.target), live)
         elif fx.op == "output":
             outs = fx.args[0]
             outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
@@ -117,12 +124,22 @@ def from_fx(gm: torch.fx.GraphModule, calls: Sequence[tuple[Any, str]] = ()) -> 
     raise CaptureError("traced graph has no output")
 
 
+def _live(g: torch.fx.Graph) -> set[torch.fx.Node]:
+    """The nodes the output depends on (or that have effects): an unused value, such as the mean and rstd of
+    `native_layer_norm`, must not become an opaque node, which would cost a fallback note and kernel outputs."""
+    live: set[torch.fx.Node] = set()
+    for n in reversed(g.nodes):
+        if n.op in ("output", "placeholder") or n.is_impure() or any(u in live for u in n.users):
+            live.add(n)
+    return live
+
+
 def _meta(fx: torch.fx.Node) -> tuple[tuple[int, ...], torch.dtype]:
     v = fx.meta["val"]
     return tuple(v.shape), v.dtype
 
 
-def _lower_call(b: Builder, fx: torch.fx.Node, env: dict, src: str) -> Any:
+def _lower_call(b: Builder, fx: torch.fx.Node, env: dict, src: str, live: set[torch.fx.Node]) -> Any:
     def arg(a):
         if isinstance(a, torch.fx.Node):
             return env[a]
@@ -131,6 +148,8 @@ def _lower_call(b: Builder, fx: torch.fx.Node, env: dict, src: str) -> Any:
         return a
 
     t = fx.target
+    if fx not in live and any(env[a] is None for a in fx.all_input_nodes):
+        return None                      # reads an unused output that got no node
     args = [arg(a) for a in fx.args]
     kw = {k: arg(v) for k, v in fx.kwargs.items()}
     if t is operator.getitem:
@@ -139,31 +158,50 @@ def _lower_call(b: Builder, fx: torch.fx.Node, env: dict, src: str) -> Any:
             return base[idx]
         raise CaptureError(f"unexpected getitem on {base}")
     if t in _MULTI:
-        return _MULTI[t](b, fx, args, kw, src)
+        return _MULTI[t](b, fx, args, kw, src, live)
+    if isinstance(fx.meta.get("val"), (tuple, list)):
+        return _multi_opaque(b, fx, args, kw, src, live)
     shape, dtype = _meta(fx)
     rule = _RULES.get(t)
     if rule is not None:
         out = rule(b, args, kw, shape, dtype, src)
         if out is not None:
             return out
-    return _opaque(b, t, args, kw, shape, dtype, src, None)
+    return _opaque(b, t, args, kw, shape, dtype, src, None) if fx in live else None
 
 
 def _opaque(b, t, args, kw, shape, dtype, src, index):
-    tensors = [a for a in args if isinstance(a, Node)]
-    spec = ["<tensor>" if isinstance(a, Node) else a for a in args]
-    if any(isinstance(x, Node) for a in args if isinstance(a, (list, tuple)) for x in a) or \
-            any(isinstance(v, Node) for v in kw.values()):
-        raise CaptureError(f"op {t} takes tensors inside a list; not supported ({src or 'source unknown'})")
-    return b.add("opaque", tuple(tensors), shape, dtype, src, fn=t, arg_spec=spec, kwargs=kw, index=index)
+    """A call the IR does not model, run eagerly: its tensors, also those in lists (cat, stack, index_put),
+    are the node's inputs in order, and `arg_spec` and `kwargs` are the call with TENSOR in their places."""
+    tensors: list[Node] = []
+    spec = _marked(list(args), tensors)
+    kwargs = {k: _marked(v, tensors) for k, v in kw.items()}
+    return b.add("opaque", tuple(tensors), shape, dtype, src, fn=t, arg_spec=spec, kwargs=kwargs, index=index)
 
 
-def _multi_opaque(b, fx, args, kw, src):
-    vals = fx.meta["val"]
-    return [
-        _opaque(b, fx.target, args, kw, tuple(v.shape), v.dtype, src, k) if isinstance(v, torch.Tensor) else None
-        for k, v in enumerate(vals)
-    ]
+def _marked(a: Any, tensors: list[Node]) -> Any:
+    if isinstance(a, Node):
+        tensors.append(a)
+        return TENSOR
+    if isinstance(a, (list, tuple)):
+        return type(a)(_marked(x, tensors) for x in a)
+    return a
+
+
+def _used(fx: torch.fx.Node, live: set[torch.fx.Node]) -> set[int]:
+    """Which outputs of a call that returns several the program reads."""
+    users = [u for u in fx.users if u in live]
+    if all(u.target is operator.getitem for u in users):
+        return {k for u in users if isinstance(k := u.args[1], int)}
+    return set(range(len(fx.meta["val"])))
+
+
+def _multi_opaque(b, fx, args, kw, src, live):
+    """Any call that returns several tensors (layer_norm, var_mean, unbind, sdpa, max_pool): one opaque node
+    per output the program reads, each running the call and taking its output."""
+    vals, used = fx.meta["val"], _used(fx, live)
+    return [_opaque(b, fx.target, args, kw, tuple(v.shape), v.dtype, src, k) if k in used else None
+            for k, v in enumerate(vals)]
 
 
 def _all(b, a, kw, s, d, src):
@@ -193,19 +231,20 @@ def _reduce(kind):
     return rule
 
 
-def _max_dim(b, fx, args, kw, src):
-    """max.dim / min.dim: values lower to a reduction; indices stay opaque (the IR has no argmax)."""
+def _max_dim(b, fx, args, kw, src, live):
+    """max.dim / min.dim: values lower to a reduction; indices, where read, stay opaque (the IR has no argmax)."""
     x, dim = args[0], args[1]
     keep = bool(args[2]) if len(args) > 2 else False
     vals = fx.meta["val"]
     kind = "max" if fx.target == aten.max.dim else "min"
     v = b.add("reduce", (x,), tuple(vals[0].shape), vals[0].dtype, src, kind=kind, dims=[dim % len(x.shape)],
               keepdim=keep)
-    i = _opaque(b, fx.target, args, kw, tuple(vals[1].shape), vals[1].dtype, src, 1)
+    i = _opaque(b, fx.target, args, kw, tuple(vals[1].shape), vals[1].dtype, src, 1) if 1 in _used(fx, live) else None
     return [v, i]
 
 
-def _split(b, fx, args, kw, src):
+def _split(b, fx, args, kw, src, live):
+    """split / split_with_sizes: a slice per piece."""
     x, size = args[0], args[1]
     dim = (args[2] if len(args) > 2 else kw.get("dim", 0)) % len(x.shape)
     sizes = size if isinstance(size, (list, tuple)) else [size] * -(-x.shape[dim] // size)
@@ -217,8 +256,16 @@ def _split(b, fx, args, kw, src):
     return outs
 
 
+def _unbind(b, fx, args, kw, src, live):
+    """unbind (`q, k, v = qkv.unbind(0)`): a select per piece."""
+    x = args[0]
+    dim = (args[1] if len(args) > 1 else kw.get("dim", 0)) % len(x.shape)
+    return [b.add("select", (x,), tuple(v.shape), v.dtype, src, dim=dim, index=k) for k, v in enumerate(fx.meta["val"])]
+
+
+# calls that return several tensors and have a lowering; any other such call is _multi_opaque
 _MULTI = {aten.max.dim: _max_dim, aten.min.dim: _max_dim, aten.split.Tensor: _split,
-          aten.split_with_sizes.default: _split, aten.sort.default: _multi_opaque, aten.topk.default: _multi_opaque}
+          aten.split_with_sizes.default: _split, aten.unbind.int: _unbind}
 
 
 def _unary(op):

@@ -1,0 +1,208 @@
+"""Capture never crashes where eager runs (docs/design.md §6): calls with several outputs, lists of tensors,
+index assignment, any structure of outputs, bool masks. The programs are written the way models write them;
+each compiled result is checked against eager, and each fallback note names the op and the user's line once."""
+import inspect
+import math
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torch.utils._pytree as pytree
+
+import flashtensor as ft
+from conftest import assert_close
+from flashtensor import FallbackWarning
+from flashtensor.frontend.capture import capture
+
+SEED = 97
+
+
+def qkv(b=1, h=2, s=24, d=16, seed=SEED) -> tuple:
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(b, h, s, d, generator=g) for _ in range(3))
+
+
+def run(fn, *args):
+    """`ft.compile(fn)(*args)`, its program, and the FallbackWarning messages of its first call."""
+    compiled = ft.compile(fn)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = compiled(*args)
+    (program,) = compiled.programs.values()
+    return out, program, [str(w.message) for w in caught if w.category is FallbackWarning]
+
+
+def assert_same(out, ref) -> None:
+    """The structure eager returns (containers, their types, non-tensor leaves) and every tensor in it."""
+    leaves, spec = pytree.tree_flatten(out)
+    ref_leaves, ref_spec = pytree.tree_flatten(ref)
+    assert spec == ref_spec, f"returns {spec}, eager returns {ref_spec}"
+    for o, r in zip(leaves, ref_leaves):
+        if isinstance(r, torch.Tensor):
+            assert_close(o, r)
+        else:
+            assert type(o) is type(r) and o == r, (o, r)
+
+
+def where(fn, text: str) -> str:
+    """`file:line` of the line of `fn`'s source that contains `text`."""
+    lines, first = inspect.getsourcelines(fn)
+    return f"{Path(inspect.getsourcefile(fn)).name}:{first + next(i for i, x in enumerate(lines) if text in x)}"
+
+
+def assert_noted_once(notes: list[str], op: str, at: str) -> None:
+    hits = [n for n in notes if op in n and at in n]
+    assert len(hits) == 1, notes
+
+
+# ---- calls that return several tensors -----------------------------------------------------------
+
+def qk_norm_attention(q, k, v):
+    """QK-norm (OLMo 2, ViT-22B): layer norm on q and k; native_layer_norm also returns mean and rstd."""
+    q = F.layer_norm(q, (q.shape[-1],))
+    k = F.layer_norm(k, (k.shape[-1],))
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def standardized(x):
+    var, mean = torch.var_mean(x, dim=-1, keepdim=True, correction=0)
+    return (x - mean) * torch.rsqrt(var + 1e-5)
+
+
+def sdpa_merge_heads(q, k, v):
+    b, h, s, d = q.shape
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return out.transpose(1, 2).reshape(b, s, h * d)
+
+
+def log_sigmoid_gate(q, k, v):
+    """Sigmoid attention with a log-space gate on the values."""
+    gate = F.logsigmoid(v)
+    return torch.sigmoid(q @ k.transpose(-2, -1)) @ gate.exp()
+
+
+def snapkv_max_pool(q, k, v):
+    """SnapKV's vote over the observation window, pooled with max instead of avg."""
+    window = q[..., -8:, :]
+    probs = torch.softmax(window @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+    votes = probs.sum(dim=-2)
+    return F.max_pool1d(votes, kernel_size=5, padding=2, stride=1)
+
+
+def best_key(q, k, v):
+    values, index = torch.max(q @ k.transpose(-2, -1), dim=-1)
+    return values, index
+
+
+def case(fn, op, text, unit=False):
+    """A parametrize case named for its program; `unit` where the call reads inputs only, so nothing fuses."""
+    return pytest.param(fn, op, text, id=fn.__name__, marks=[pytest.mark.unit] if unit else [])
+
+
+MULTI = [case(qk_norm_attention, "aten.native_layer_norm", "F.layer_norm(q"),
+         case(standardized, "aten.var_mean", "torch.var_mean(", unit=True),
+         case(sdpa_merge_heads, "aten._scaled_dot_product", "F.scaled_dot_product_attention(", unit=True),
+         case(log_sigmoid_gate, "aten.log_sigmoid_forward", "F.logsigmoid("),
+         case(snapkv_max_pool, "aten.max_pool2d_with_indices", "F.max_pool1d("),
+         case(best_key, "aten.max.dim", "torch.max(")]
+
+
+@pytest.mark.parametrize("fn, op, text", MULTI)
+def test_calls_with_several_outputs_run_in_eager_with_one_note(fn, op, text):
+    args = qkv()[: len(inspect.signature(fn).parameters)]
+    out, program, notes = run(fn, *args)
+    assert_same(out, fn(*args))
+    assert_noted_once(notes, op, where(fn, text))
+
+
+@pytest.mark.unit
+def test_unused_outputs_get_no_node():
+    """layer_norm's mean and rstd, unused, make no opaque node (which would cost a note and kernel outputs)."""
+    g = capture(qk_norm_attention, list(qkv()))
+    assert [(n.attrs["fn"].name(), n.attrs["index"]) for n in g.nodes if n.op == "opaque"] == \
+        [("aten::native_layer_norm", 0)] * 2
+
+
+def test_unbind_of_packed_qkv_lowers_and_fuses():
+    def packed(qkv):
+        q, k, v = qkv.unbind(0)
+        return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v
+    x = torch.stack(qkv())
+    out, program, notes = run(packed, x)
+    assert_close(out, packed(x))
+    assert program.launches and not notes, notes
+
+
+# ---- calls that take a list of tensors -----------------------------------------------------------
+
+def rotate_half(x):
+    """Rotates half the hidden dims of the input (Hugging Face's Llama)."""
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope_attention(q, k, v, cos, sin):
+    q = q * cos + rotate_half(q) * sin
+    k = k * cos + rotate_half(k) * sin
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1) @ v
+
+
+def sink_attention(q, k, v, sinks):
+    """gpt-oss: a learned sink logit per head joins the scores as one more column, then is dropped."""
+    b, h, s, _ = q.shape
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    combined = torch.cat([scores, sinks.reshape(1, -1, 1, 1).expand(b, h, s, 1)], dim=-1)
+    probs = torch.softmax(combined, dim=-1)[..., :-1]
+    return probs @ v
+
+
+def rotate_every_two(x):
+    """GPT-J's interleaved rotary embedding."""
+    x1 = x[:, :, :, ::2]
+    x2 = x[:, :, :, 1::2]
+    x = torch.stack((-x2, x1), dim=-1)
+    return x.flatten(-2)
+
+
+def test_rope_rotate_half_runs_with_one_note_for_its_cat():
+    q, k, v = qkv()
+    angles = torch.arange(24.0)[:, None] / 10000 ** (torch.arange(0, 16, 2.0) / 16)
+    emb = torch.cat((angles, angles), dim=-1)
+    out, program, notes = run(rope_attention, q, k, v, emb.cos(), emb.sin())
+    assert_close(out, rope_attention(q, k, v, emb.cos(), emb.sin()))
+    assert_noted_once(notes, "aten.cat", where(rotate_half, "torch.cat("))
+
+
+def test_sink_column_joins_the_scores():
+    q, k, v = qkv()
+    sinks = torch.tensor([0.5, -1.0])
+    out, program, notes = run(sink_attention, q, k, v, sinks)
+    assert_close(out, sink_attention(q, k, v, sinks))
+    assert_noted_once(notes, "aten.cat", where(sink_attention, "torch.cat("))
+
+
+@pytest.mark.unit
+def test_stack_of_interleaved_halves_runs_in_eager():
+    q = qkv()[0]
+    out, program, notes = run(rotate_every_two, q)
+    assert_close(out, rotate_every_two(q))
+    assert_noted_once(notes, "aten.stack", where(rotate_every_two, "torch.stack("))
+
+
+def test_index_assignment_with_a_tensor_index():
+    """H2O-style eviction: the evicted keys' columns are masked out; `mask[evicted] = True` is index_put."""
+    def evict(q, k, v, evicted):
+        mask = torch.zeros(k.shape[-2], dtype=torch.bool)
+        mask[evicted] = True
+        scores = (q @ k.transpose(-2, -1)).masked_fill(mask, -math.inf)
+        return torch.softmax(scores, dim=-1) @ v
+    q, k, v = qkv()
+    evicted = torch.tensor([1, 5, 6, 20])
+    out, program, notes = run(evict, q, k, v, evicted)
+    assert_close(out, evict(q, k, v, evicted))
+    assert_noted_once(notes, "aten.index_put", where(evict, "mask[evicted] = True"))
+
