@@ -15,6 +15,8 @@ import flashtensor as ft
 from conftest import assert_close
 from flashtensor import FallbackWarning
 from flashtensor.frontend.capture import capture
+from flashtensor.ir.evaluate import evaluate
+from flashtensor.transform.decompose import decompose
 
 SEED = 97
 
@@ -205,4 +207,38 @@ def test_index_assignment_with_a_tensor_index():
     out, program, notes = run(evict, q, k, v, evicted)
     assert_close(out, evict(q, k, v, evicted))
     assert_noted_once(notes, "aten.index_put", where(evict, "mask[evicted] = True"))
+
+
+# ---- bool and integer masks ----------------------------------------------------------------------
+
+def causal_bool_mask(q, k, v):
+    s = q.shape[-2]
+    mask = torch.ones(s, s, dtype=torch.bool).triu(1)
+    scores = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(mask, -math.inf)
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def banded_int_mask(x):
+    keep = torch.ones(x.shape[-2:], dtype=torch.int32).tril(2).triu(-2)
+    return x * keep, (x > 0).tril(-1), torch.ones_like(x, dtype=torch.bool).masked_fill(x > 1, False)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("fn, args", [(causal_bool_mask, qkv()), (banded_int_mask, (torch.randn(2, 8, 8),))],
+                         ids=["bool_triu", "int_tril_triu"])
+def test_masks_of_bool_and_int_tensors_evaluate_in_their_dtype(fn, args):
+    """The eager fallback evaluates the decomposed graph: triu/tril and masked_fill of a bool must stay bool
+    (where(keep, x, 0) promoted it to int64, which where and masked_fill then reject)."""
+    ref = fn(*args)
+    assert_same(tuple(evaluate(decompose(capture(fn, list(args))), list(args))), ref if isinstance(ref, tuple) else (ref,))
+
+
+def test_bool_triu_mask_fuses():
+    """The kernel's mask is a bool (a fill of True, not the int 1, which Triton took for an int32 condition)."""
+    q, k, v = qkv()
+    out, program, notes = run(causal_bool_mask, q, k, v)
+    assert_close(out, causal_bool_mask(q, k, v))
+    assert program.launches and not notes, notes
+    fills = [n.attrs["value"] for n in program.plan.captured.nodes if n.op == "full"]
+    assert fills == [True] and type(fills[0]) is bool
 

@@ -21,7 +21,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..ir.graph import Builder, Graph, Node
-from ..ir.ops import ELEMENTWISE, GROUP, TENSOR, Group
+from ..ir.ops import ELEMENTWISE, GROUP, TENSOR, Group, scalar
 
 aten = torch.ops.aten
 
@@ -296,13 +296,14 @@ def _reshape(b, a, kw, shape, dtype, src):
 
 def _full(value_of):
     def rule(b, a, kw, shape, dtype, src):
-        return b.add("full", (), shape, dtype, src, value=value_of(a), device=kw.get("device") or torch.device("cpu"))
+        return b.add("full", (), shape, dtype, src, value=scalar(value_of(a), dtype),
+                     device=kw.get("device") or torch.device("cpu"))
     return rule
 
 
 def _like(value_of):
     def rule(b, a, kw, shape, dtype, src):
-        return b.add("full", (), shape, dtype, src, value=value_of(a), device=a[0].device)
+        return b.add("full", (), shape, dtype, src, value=scalar(value_of(a), dtype), device=a[0].device)
     return rule
 
 
@@ -322,7 +323,7 @@ def _fill(b, a, kw, s, d, src):
     """`x.fill_(v)`, `x[...] = v`: v (a number or a 0-d tensor) broadcast to x's shape."""
     v = a[1]
     if not isinstance(v, Node):
-        return b.add("full", (), s, d, src, value=v, device=a[0].device)
+        return b.add("full", (), s, d, src, value=scalar(v, d), device=a[0].device)
     if v.shape:
         return None
     v = v if v.dtype == d else b.add("cast", (v,), (), d, src)

@@ -179,6 +179,12 @@ BINARY: dict[Op, Callable] = {op: e.torch for op, e in ELEMENTWISE.items() if GR
 COMPOSITE = frozenset(op for op, g in GROUP.items() if g is Group.COMPOSITE)
 
 
+def scalar(v: Any, dtype: torch.dtype) -> Any:
+    """A Python number as a value of `dtype`: a bool's 1 is True, since where(keep, x, 0) of a bool x is int64
+    in torch and int32 in Triton, where a condition must be a bool."""
+    return bool(v) if dtype == torch.bool and isinstance(v, (int, float)) else v
+
+
 def _reduce(n: Any, x: torch.Tensor) -> torch.Tensor:
     kind, dims, keep = n.attrs["kind"], n.attrs["dims"], n.attrs["keepdim"]
     if not dims:
