@@ -191,15 +191,12 @@ def _run(stages: list[tuple[str, Callable[[Plan, Call], Any]]], plan: Plan, call
 def build(fn: Callable, args: list[Any], options: Options = Options()) -> Program:
     """Capture `fn` on `args` and plan it. Non-tensor arguments are baked in as constants."""
     positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-    returns_tensor = []
 
     def tensor_fn(*tensors: torch.Tensor) -> Any:
         full = list(args)
         for i, t in zip(positions, tensors):
             full[i] = t
-        out = fn(*full)
-        returns_tensor.append(isinstance(out, torch.Tensor))
-        return out
+        return fn(*full)
 
     example = [args[i] for i in positions]
     call = Call(tensor_fn, example, _device(example), options)
@@ -215,7 +212,7 @@ def build(fn: Callable, args: list[Any], options: Options = Options()) -> Progra
     plan.entry["notes"] = notes + plan.entry.get("notes", [])
     for msg in plan.notes:
         warnings.warn(f"FlashTensor: {msg}", FallbackWarning, stacklevel=4)
-    return Program(plan, positions, returns_tensor[-1], device)
+    return Program(plan, positions, device)
 
 
 def _device(example: Sequence[torch.Tensor]) -> torch.device:

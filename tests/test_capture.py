@@ -242,3 +242,36 @@ def test_bool_triu_mask_fuses():
     fills = [n.attrs["value"] for n in program.plan.captured.nodes if n.op == "full"]
     assert fills == [True] and type(fills[0]) is bool
 
+
+# ---- what the function returns -------------------------------------------------------------------
+
+def attention_outputs(q, k, v):
+    probs = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+    return probs @ v, probs
+
+
+def as_dict(q, k, v):
+    out, probs = attention_outputs(q, k, v)
+    return {"attn_output": out, "attn_weights": probs}
+
+
+def with_cache(q, k, v):
+    """Hugging Face's (output, weights, past_key_value) with the cache as a tuple of k and v."""
+    out, probs = attention_outputs(q, k, v)
+    return out, None, (k, v)
+
+
+def with_length(q, k, v):
+    return attention_outputs(q, k, v)[0], k.shape[-2]
+
+
+def row_max(q, k, v):
+    return (q @ k.transpose(-2, -1)).max(dim=-1)
+
+
+@pytest.mark.parametrize("fn", [as_dict, with_cache, with_length, row_max], ids=lambda f: f.__name__)
+def test_the_compiled_function_returns_what_eager_returns(fn):
+    q, k, v = qkv()
+    out, program, notes = run(fn, q, k, v)
+    assert_same(out, fn(q, k, v))
+    assert type(out) is type(fn(q, k, v))

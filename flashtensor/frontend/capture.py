@@ -17,10 +17,11 @@ import traceback
 from typing import Any, Callable, Sequence
 
 import torch
+import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..ir.graph import Builder, Graph, Node
+from ..ir.graph import Builder, Graph, Node, Returns
 from ..ir.ops import ELEMENTWISE, GROUP, TENSOR, Group, scalar
 
 aten = torch.ops.aten
@@ -56,12 +57,17 @@ def _user_frame() -> str:
     return ""
 
 
-def trace(fn: Callable, args: Sequence[torch.Tensor]) -> tuple[torch.fx.GraphModule, list[tuple[Any, str]]]:
+def trace(fn: Callable, args: Sequence[torch.Tensor]) -> tuple[torch.fx.GraphModule, list[tuple[Any, str]], Returns]:
+    """The function as an ATen FX graph whose output is the list of tensors it returns; the user's source line of
+    every ATen call; and how to rebuild what it returns from that list."""
     rec = _SourceRecorder()
+    returns: list[Returns] = []
 
     def wrapped(*a):
         with rec:
-            return fn(*a)
+            out = fn(*a)
+        returns.append(_returns(out))
+        return [x for x in pytree.tree_leaves(out) if isinstance(x, torch.Tensor)]
 
     try:
         # functionalized: an in-place write (`s[..., :5, :] = -inf`) becomes a new value that later reads
@@ -74,13 +80,27 @@ def trace(fn: Callable, args: Sequence[torch.Tensor]) -> tuple[torch.fx.GraphMod
         if n.op == "call_function" and n.target == aten.copy_.default and n.args[0].op == "placeholder":
             raise CaptureError(f"{getattr(fn, '__name__', fn)} writes into its input {n.args[0].name}; FlashTensor "
                                "compiles functions that return new tensors (call this one directly)")
-    return gm, rec.calls
+    return gm, rec.calls, returns[-1]
+
+
+_CONSTANT = (int, float, complex, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
+
+
+def _returns(out: Any) -> Returns:
+    """The structure of a return value: its tensors become the graph's outputs, the rest are constants."""
+    leaves, spec = pytree.tree_flatten(out)
+    slots = tuple(k for k, x in enumerate(leaves) if isinstance(x, torch.Tensor))
+    for x in leaves:
+        if not isinstance(x, (torch.Tensor, *_CONSTANT)):
+            raise CaptureError(f"the function returns a {type(x).__name__}; FlashTensor rebuilds tensors, numbers "
+                               "and strings in tuples, lists, dicts and other pytree containers")
+    return Returns(spec, tuple(None if k in slots else x for k, x in enumerate(leaves)), slots)
 
 
 def capture(fn: Callable, args: Sequence[torch.Tensor]) -> Graph:
     """Trace `fn(*args)` to ATen and lower it into the graph IR."""
-    gm, calls = trace(fn, args)
-    return from_fx(gm, calls)
+    gm, calls, returns = trace(fn, args)
+    return from_fx(gm, calls, returns)
 
 
 def fallback_notes(g: Graph) -> list[str]:
@@ -89,7 +109,8 @@ def fallback_notes(g: Graph) -> list[str]:
                               "depends on it run in eager PyTorch" for n in g.nodes if n.op == "opaque"))
 
 
-def from_fx(gm: torch.fx.GraphModule, calls: Sequence[tuple[Any, str]] = ()) -> Graph:
+def from_fx(gm: torch.fx.GraphModule, calls: Sequence[tuple[Any, str]], returns: Returns) -> Graph:
+    """The graph IR of a traced function (`trace`)."""
     b = Builder()
     env: dict[torch.fx.Node, Any] = {}
     inputs: list[Node] = []
@@ -115,12 +136,7 @@ def from_fx(gm: torch.fx.GraphModule, calls: Sequence[tuple[Any, str]] = ()) -> 
         elif fx.op == "call_function":
             env[fx] = _lower_call(b, fx, env, source_of(fx.target), live)
         elif fx.op == "output":
-            outs = fx.args[0]
-            outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
-            res = [env[o] for o in outs]
-            if not all(isinstance(r, Node) for r in res):
-                raise CaptureError("every output of the program must be a tensor")
-            return Graph(inputs, res, b.nodes)
+            return Graph(inputs, [env[o] for o in fx.args[0]], b.nodes, returns)
     raise CaptureError("traced graph has no output")
 
 

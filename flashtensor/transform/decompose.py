@@ -22,7 +22,7 @@ def decompose(g: Graph) -> Graph:
         args = tuple(env[a] if isinstance(a, Node) else a for a in n.args)
         rule = _RULES.get(n.op)
         env[n] = rule(b, n, *args) if rule else b.add(n.op, args, n.shape, n.dtype, n.source, **n.attrs)
-    return Graph([env[i] for i in g.inputs], [env[o] for o in g.outputs], b.nodes)
+    return Graph([env[i] for i in g.inputs], [env[o] for o in g.outputs], b.nodes, g.returns)
 
 
 def _keep_shape(shape, dims):
