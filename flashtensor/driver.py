@@ -12,6 +12,7 @@ with the reason in the plan's notes and a FallbackWarning.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import warnings
@@ -192,6 +193,7 @@ def build(fn: Callable, args: list[Any], options: Options = Options()) -> Progra
     """Capture `fn` on `args` and plan it. Non-tensor arguments are baked in as constants."""
     positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
 
+    @functools.wraps(fn)      # notes and errors name the user's function
     def tensor_fn(*tensors: torch.Tensor) -> Any:
         full = list(args)
         for i, t in zip(positions, tensors):
@@ -216,13 +218,9 @@ def build(fn: Callable, args: list[Any], options: Options = Options()) -> Progra
 
 
 def _device(example: Sequence[torch.Tensor]) -> torch.device:
-    """The one device every tensor argument is on; a precise error instead of a failure inside a kernel."""
+    """The device of the tensor arguments (capture runs arguments on several devices in eager PyTorch)."""
     if not example:
         raise TypeError("FlashTensor compiles functions of tensors: this call passes no tensor argument")
-    devices = {t.device for t in example}
-    if len(devices) > 1:
-        raise ValueError("FlashTensor: all tensor arguments must be on one device, got "
-                         + ", ".join(f"tensor argument {i} on {t.device}" for i, t in enumerate(example)))
     return example[0].device
 
 

@@ -275,3 +275,121 @@ def test_the_compiled_function_returns_what_eager_returns(fn):
     out, program, notes = run(fn, q, k, v)
     assert_same(out, fn(q, k, v))
     assert type(out) is type(fn(q, k, v))
+
+
+# ---- what capture cannot trace runs in eager as a whole ------------------------------------------
+
+def skip_all_ones_mask(q, k, mask):
+    """Hugging Face's habit: drop an attention mask that masks nothing (a branch on the mask's values)."""
+    if (mask == 1).all():
+        mask = None
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(mask == 0, -math.inf)
+    return torch.softmax(scores, dim=-1)
+
+
+def absmax_scaled(q, k, mask):
+    """Per-tensor scaling by a Python number read from the data."""
+    scale = k.abs().amax().item()
+    return torch.softmax(q @ (k / scale).transpose(-2, -1), dim=-1)
+
+
+def kept_scores(q, k, mask):
+    """Boolean-mask indexing: the result's length depends on the mask's values."""
+    scores = q @ k.transpose(-2, -1)
+    return scores[..., mask.bool()].sum()
+
+
+def scores_and_max(q, k, mask):
+    scores = q @ k.transpose(-2, -1)
+    return scores, scores.max().item()
+
+
+UNTRACED = [(skip_all_ones_mask, "Python control flow on a tensor's value", "if (mask == 1).all():"),
+            (absmax_scaled, "aten._local_scalar_dense", "scale = k.abs().amax().item()"),
+            (kept_scores, "depends on a tensor's values", "scores[..., mask.bool()]"),
+            (scores_and_max, "returns a Python number", "scores.max().item()")]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("fn, why, text", UNTRACED, ids=[u[0].__name__ for u in UNTRACED])
+def test_data_dependent_python_runs_the_whole_function_in_eager(fn, why, text, capfd):
+    q, k, _ = qkv()
+    mask = torch.ones(24, 24, dtype=torch.long).tril()
+    out, program, notes = run(fn, q, k, mask)
+    assert_same(out, fn(q, k, mask))
+    (note,) = notes
+    assert note.startswith(f"FlashTensor: could not capture {fn.__name__}: ") and why in note, note
+    assert where(fn, text) in note and note.endswith("the whole function runs in eager PyTorch")
+    assert "u0" not in note and "tensor_fn" not in note, note        # no internal names
+    assert capfd.readouterr().err == ""
+
+
+@pytest.mark.unit
+def test_eager_run_that_tells_errors_apart_leaves_random_numbers_alone():
+    """An untraceable function runs once in eager while capturing; the random state is restored after it."""
+    def noisy_gate(x):
+        if x.max() > 0:
+            x = x + 0.1 * torch.randn(x.shape)
+        return x
+    x = qkv()[0]
+    torch.manual_seed(1)
+    out, program, notes = run(noisy_gate, x)
+    torch.manual_seed(1)
+    assert torch.equal(out, noisy_gate(x)) and len(notes) == 1
+
+
+@pytest.mark.unit
+def test_arguments_on_two_devices_run_in_eager_where_eager_runs():
+    def scores(q, k):
+        return torch.softmax(q @ k.transpose(-2, -1), dim=-1)
+    q, k, _ = qkv()
+    out, program, notes = run(scores, q, k.to("meta"))
+    ref = scores(q, k.to("meta"))
+    assert (out.device, out.shape, out.dtype) == (ref.device, ref.shape, ref.dtype)
+    assert notes == ["FlashTensor: could not capture scores: its tensor arguments are on several devices (cpu, "
+                     "meta); the whole function runs in eager PyTorch"]
+
+
+@pytest.mark.unit
+def test_a_capture_bug_costs_speed_not_the_answer(monkeypatch):
+    from flashtensor.frontend import capture as frontend
+
+    def broken(*args):
+        raise KeyError("simulated bug")
+    monkeypatch.setitem(frontend._RULES, torch.ops.aten._softmax.default, broken)
+    q, k, v = qkv()
+    out, program, notes = run(attention_outputs, q, k, v)
+    assert_same(out, attention_outputs(q, k, v))
+    (note,) = notes
+    assert "could not capture attention_outputs: internal compiler error in capture (KeyError" in note
+
+
+# ---- user errors raise eager's own exception -----------------------------------------------------
+
+def mismatched_heads(q, k):
+    return q @ k.transpose(-2, -1)[..., :8, :]
+
+
+def bad_dim(q, k):
+    return torch.softmax(q @ k.transpose(-2, -1), dim=4)
+
+
+def other_device(q, k):
+    """A tensor made on the GPU for inputs on the CPU (eager: no CUDA here, or two devices)."""
+    return q @ k.transpose(-2, -1) + torch.zeros(q.shape[-2], k.shape[-2], device="cuda")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("fn", [mismatched_heads, bad_dim, other_device], ids=lambda f: f.__name__)
+def test_a_program_eager_rejects_raises_eagers_exception(fn, capfd):
+    q, k, _ = qkv()
+    with pytest.raises(Exception) as eager:
+        fn(q, k)
+    with pytest.raises(type(eager.value)) as ours:
+        ft.compile(fn)(q, k)
+    assert type(ours.value) is type(eager.value) and str(ours.value) == str(eager.value)
+    assert ours.value.__notes__ == [f"FlashTensor: raised by {fn.__name__}(q: float32[1, 2, 24, 16] on cpu, "
+                                    "k: float32[1, 2, 24, 16] on cpu) in eager PyTorch"]
+    assert capfd.readouterr().err == ""        # no fake-tensor traceback (it goes to the debug log)

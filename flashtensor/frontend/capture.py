@@ -7,78 +7,64 @@ on the FX graph Dynamo hands it. Python control flow is specialised to the
 example inputs' shapes and dtypes, which is why plans are keyed on them.
 Tracing runs on fake tensors: capture never executes the program, so a function
 whose eager run would not fit in memory (h2o at 32K tokens) still compiles.
+
+What cannot be traced or represented (Python control flow on a tensor's value,
+`.item()`) becomes one opaque call of the whole function (frontend/eager.py).
 """
 from __future__ import annotations
 
-import inspect
+import logging
 import operator
-import os
-import traceback
 from typing import Any, Callable, Sequence
 
 import torch
 import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..ir.graph import Builder, Graph, Node, Returns
 from ..ir.ops import ELEMENTWISE, GROUP, TENSOR, Group, scalar
+from .eager import EagerOnly, name, raise_if_eager_rejects, torch_logs_to_debug, whole, why_untraced
+from .source import SourceRecorder
 
 aten = torch.ops.aten
+log = logging.getLogger("flashtensor.capture")
 
 
 class CaptureError(RuntimeError):
     pass
 
 
-class _SourceRecorder(TorchDispatchMode):
-    """Remembers the user's source line for every ATen call, so errors and warnings can point at it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[tuple[Any, str]] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.calls.append((func, _user_frame()))
-        return func(*args, **(kwargs or {}))
-
-
-_SKIP = tuple(os.path.dirname(inspect.getfile(m)) + os.sep for m in (torch,)) + (
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)
-
-
-def _user_frame() -> str:
-    """The innermost frame outside torch and the flashtensor package itself (workloads.py counts as user code)."""
-    for fr in reversed(traceback.extract_stack()[:-2]):
-        f = os.path.abspath(fr.filename)
-        if (f.startswith(_SKIP) and not f.endswith("workloads.py")) or fr.filename.startswith("<"):
-            continue
-        return f"{f}:{fr.lineno}: {(fr.line or '').strip()}"
-    return ""
-
-
 def trace(fn: Callable, args: Sequence[torch.Tensor]) -> tuple[torch.fx.GraphModule, list[tuple[Any, str]], Returns]:
     """The function as an ATen FX graph whose output is the list of tensors it returns; the user's source line of
     every ATen call; and how to rebuild what it returns from that list."""
-    rec = _SourceRecorder()
+    rec = SourceRecorder()
     returns: list[Returns] = []
 
     def wrapped(*a):
         with rec:
             out = fn(*a)
-        returns.append(_returns(out))
+        returns.append(_returns(out, rec.calls))
         return [x for x in pytree.tree_leaves(out) if isinstance(x, torch.Tensor)]
 
-    try:
-        # functionalized: an in-place write (`s[..., :5, :] = -inf`) becomes a new value that later reads
-        # see, where the IR's pure nodes would otherwise keep reading the value from before the write
-        gm = make_fx(torch.func.functionalize(wrapped, remove="mutations"), tracing_mode="fake",
-                     _allow_non_fake_inputs=True)(*args)
-    except Exception as e:  # data-dependent control flow, unsupported Python, ...
-        raise CaptureError(f"could not trace {getattr(fn, '__name__', fn)}: {type(e).__name__}: {e}") from e
+    devices = sorted({str(a.device) for a in args})
+    why = f"its tensor arguments are on several devices ({', '.join(devices)})" if len(devices) > 1 else ""
+    if not why:
+        with torch_logs_to_debug():
+            try:
+                # functionalized: an in-place write (`s[..., :5, :] = -inf`) becomes a new value that later reads
+                # see, where the IR's pure nodes would otherwise keep reading the value from before the write
+                gm = make_fx(torch.func.functionalize(wrapped, remove="mutations"), tracing_mode="fake",
+                             _allow_non_fake_inputs=True)(*args)
+            except EagerOnly:
+                raise
+            except Exception as e:  # data-dependent control flow, an op fake tensors cannot run, a user error
+                why = why_untraced(e)
+    if why:
+        raise_if_eager_rejects(fn, args)
+        raise EagerOnly(why)
     for n in gm.graph.nodes:
         if n.op == "call_function" and n.target == aten.copy_.default and n.args[0].op == "placeholder":
-            raise CaptureError(f"{getattr(fn, '__name__', fn)} writes into its input {n.args[0].name}; FlashTensor "
+            raise CaptureError(f"{name(fn)} writes into its input {n.args[0].name}; FlashTensor "
                                "compiles functions that return new tensors (call this one directly)")
     return gm, rec.calls, returns[-1]
 
@@ -86,27 +72,43 @@ def trace(fn: Callable, args: Sequence[torch.Tensor]) -> tuple[torch.fx.GraphMod
 _CONSTANT = (int, float, complex, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
 
 
-def _returns(out: Any) -> Returns:
+def _returns(out: Any, calls: Sequence[tuple[Any, str]]) -> Returns:
     """The structure of a return value: its tensors become the graph's outputs, the rest are constants."""
     leaves, spec = pytree.tree_flatten(out)
     slots = tuple(k for k, x in enumerate(leaves) if isinstance(x, torch.Tensor))
     for x in leaves:
+        if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            at = next((src for f, src in calls if f == aten._local_scalar_dense.default), "") or "unknown source"
+            raise EagerOnly(f"it returns a Python number read from a tensor's value (as .item() gives) at {at}")
         if not isinstance(x, (torch.Tensor, *_CONSTANT)):
-            raise CaptureError(f"the function returns a {type(x).__name__}; FlashTensor rebuilds tensors, numbers "
-                               "and strings in tuples, lists, dicts and other pytree containers")
+            raise EagerOnly(f"it returns a {type(x).__name__} (FlashTensor rebuilds tensors, numbers and strings "
+                             "in tuples, lists, dicts and other pytree containers)")
     return Returns(spec, tuple(None if k in slots else x for k, x in enumerate(leaves)), slots)
 
 
 def capture(fn: Callable, args: Sequence[torch.Tensor]) -> Graph:
-    """Trace `fn(*args)` to ATen and lower it into the graph IR."""
-    gm, calls, returns = trace(fn, args)
-    return from_fx(gm, calls, returns)
+    """Trace `fn(*args)` to ATen and lower it into the graph IR; what capture cannot represent is one opaque call
+    of the whole function. A program eager rejects raises eager's exception (a user error)."""
+    try:
+        gm, calls, returns = trace(fn, args)
+    except EagerOnly as e:
+        return whole(fn, args, str(e))
+    try:
+        return from_fx(gm, calls, returns)
+    except EagerOnly as e:
+        return whole(fn, args, str(e))
+    except Exception as e:  # a user error fake tensors let through (softmax's dim), or a bug in capture
+        log.debug("capture failed", exc_info=True)
+        why = f"internal compiler error in capture ({type(e).__name__}: {e}), please report it"
+    raise_if_eager_rejects(fn, args)
+    return whole(fn, args, why)      # a bug costs the user speed, not the answer
 
 
 def fallback_notes(g: Graph) -> list[str]:
     """What runs in eager PyTorch, once per op and source line (the outputs of one call are one note)."""
-    return list(dict.fromkeys(f"no lowering for {n.attrs['fn']} at {n.source or 'unknown source'}; it and what "
-                              "depends on it run in eager PyTorch" for n in g.nodes if n.op == "opaque"))
+    return list(dict.fromkeys(n.attrs.get("note") or f"no lowering for {n.attrs['fn']} at "
+                              f"{n.source or 'unknown source'}; it and what depends on it run in eager PyTorch"
+                              for n in g.nodes if n.op == "opaque"))
 
 
 def from_fx(gm: torch.fx.GraphModule, calls: Sequence[tuple[Any, str]], returns: Returns) -> Graph:
@@ -140,6 +142,18 @@ def from_fx(gm: torch.fx.GraphModule, calls: Sequence[tuple[Any, str]], returns:
     raise CaptureError("traced graph has no output")
 
 
+def _unheld(fx: torch.fx.Node, val: Any, src: str) -> str:
+    """Why a call's value has no place in the graph IR."""
+    op = fx.args[0].target if fx.target is operator.getitem and isinstance(fx.args[0], torch.fx.Node) else fx.target
+    if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        what = f"{op} reads a tensor's value into Python (as .item() does)"
+    elif isinstance(val, torch.Tensor):
+        what = f"the shape of {op}'s result depends on a tensor's values"
+    else:
+        what = f"{op} gives a {type(val).__name__}, which the graph IR does not hold"
+    return f"{what} at {src or 'unknown source'}"
+
+
 def _live(g: torch.fx.Graph) -> set[torch.fx.Node]:
     """The nodes the output depends on (or that have effects): an unused value, such as the mean and rstd of
     `native_layer_norm`, must not become an opaque node, which would cost a fallback note and kernel outputs."""
@@ -166,6 +180,12 @@ def _lower_call(b: Builder, fx: torch.fx.Node, env: dict, src: str, live: set[to
     t = fx.target
     if fx not in live and any(env[a] is None for a in fx.all_input_nodes):
         return None                      # reads an unused output that got no node
+    val = fx.meta.get("val")
+    if not (isinstance(val, (tuple, list)) or (isinstance(val, torch.Tensor) and
+                                               all(isinstance(d, int) for d in val.shape))):
+        if fx not in live:
+            return None
+        raise EagerOnly(_unheld(fx, val, src))
     args = [arg(a) for a in fx.args]
     kw = {k: arg(v) for k, v in fx.kwargs.items()}
     if t is operator.getitem:
@@ -432,8 +452,9 @@ _RULES: dict[Any, Callable] = {
         "addmm", (a[0], a[1], a[2]), s, d, src) if kw.get("beta", 1) == 1 and kw.get("alpha", 1) == 1 else None,
     aten.linear.default: lambda b, a, kw, s, d, src: b.add(
         "linear", tuple(x for x in a[:3] if x is not None), s, d, src),
-    aten._softmax.default: lambda b, a, kw, s, d, src: b.add("softmax", (a[0],), s, d, src, dim=a[1] % len(s)),
-    aten._log_softmax.default: lambda b, a, kw, s, d, src: b.add("log_softmax", (a[0],), s, d, src, dim=a[1] % len(s)),
+    aten._softmax.default: lambda b, a, kw, s, d, src: b.add("softmax", (a[0],), s, d, src, dim=_dim(a[1], len(s))),
+    aten._log_softmax.default: lambda b, a, kw, s, d, src: b.add(
+        "log_softmax", (a[0],), s, d, src, dim=_dim(a[1], len(s))),
     aten.linalg_vector_norm.default: lambda b, a, kw, s, d, src: b.add(
         "norm", (a[0],), s, d, src, ord=float(a[1] if len(a) > 1 else 2),
         dims=_norm_dims(a[2] if len(a) > 2 else None, len(a[0].shape)), keepdim=bool(a[3] if len(a) > 3 else False)),
@@ -471,6 +492,13 @@ _RULES: dict[Any, Callable] = {
     aten.fill.Scalar: _fill, aten.fill.Tensor: _fill,
     aten.slice_scatter.default: _scatter(False), aten.select_scatter.default: _scatter(True),
 }
+
+
+def _dim(d: int, rank: int) -> int:
+    """A dimension counted from 0; out of range is eager's IndexError (softmax's meta function lets dim=rank by)."""
+    if not -max(rank, 1) <= d < max(rank, 1):
+        raise IndexError(f"dim {d} is out of range for a tensor of rank {rank}")
+    return d % max(rank, 1)
 
 
 def _swap(rank, i, j):
