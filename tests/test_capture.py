@@ -69,9 +69,50 @@ def qk_norm_attention(q, k, v):
     return torch.softmax(scores, dim=-1) @ v
 
 
-def standardized(x):
-    var, mean = torch.var_mean(x, dim=-1, keepdim=True, correction=0)
-    return (x - mean) * torch.rsqrt(var + 1e-5)
+def standardized_scores(q, k, v):
+    scores = q @ k.transpose(-2, -1)
+    var, mean = torch.var_mean(scores, dim=-1, keepdim=True, correction=0)
+    return torch.softmax((scores - mean) * torch.rsqrt(var + 1e-5), dim=-1) @ v
+
+
+def column_spread(q, k, v):
+    """torch.var_mean with its default correction over two dims, neither kept."""
+    return torch.var_mean(q @ k.transpose(-2, -1), dim=(0, 2))
+
+
+LN = torch.nn.LayerNorm(16)
+with torch.no_grad():
+    LN.weight.copy_(torch.linspace(0.5, 1.5, 16))
+    LN.bias.copy_(torch.linspace(-0.2, 0.2, 16))
+
+
+def layer_norm_module(q, k, v):
+    """nn.LayerNorm with its weight and bias (closure constants) on q and k."""
+    return torch.softmax(LN(q) @ LN(k).transpose(-2, -1), dim=-1) @ v
+
+
+@pytest.mark.parametrize("fn, dtype", [(qk_norm_attention, torch.float32), (qk_norm_attention, torch.float16),
+                                       (layer_norm_module, torch.float32), (standardized_scores, torch.float32),
+                                       (column_spread, torch.float32)],
+                         ids=["qk_norm", "qk_norm_fp16", "layer_norm_module", "var_mean_scores", "var_mean_dims"])
+def test_layer_norm_and_var_mean_lower_and_fuse(fn, dtype):
+    """native_layer_norm and var_mean lower to means and elementwise ops (float32 inside for half inputs, as
+    eager computes them), so the attention after them fuses."""
+    args = tuple(a.to(dtype) for a in qkv(s=40))
+    out, program, notes = run(fn, *args)
+    assert_same(out, fn(*args))
+    assert program.launches and not notes, notes
+    assert not [n for n in program.plan.captured.nodes if n.op == "opaque"]
+
+
+def std_and_mean(x):
+    std, mean = torch.std_mean(x, dim=-1, keepdim=True)
+    return (x - mean) / std
+
+
+def min_max_scaled(x):
+    lo, hi = torch.aminmax(x, dim=-1, keepdim=True)
+    return (x - lo) / (hi - lo)
 
 
 def sdpa_merge_heads(q, k, v):
@@ -104,8 +145,8 @@ def case(fn, op, text, unit=False):
     return pytest.param(fn, op, text, id=fn.__name__, marks=[pytest.mark.unit] if unit else [])
 
 
-MULTI = [case(qk_norm_attention, "aten.native_layer_norm", "F.layer_norm(q"),
-         case(standardized, "aten.var_mean", "torch.var_mean(", unit=True),
+MULTI = [case(std_and_mean, "aten.std_mean", "torch.std_mean(", unit=True),
+         case(min_max_scaled, "aten.aminmax", "torch.aminmax(", unit=True),
          case(sdpa_merge_heads, "aten._scaled_dot_product", "F.scaled_dot_product_attention(", unit=True),
          case(log_sigmoid_gate, "aten.log_sigmoid_forward", "F.logsigmoid("),
          case(snapkv_max_pool, "aten.max_pool2d_with_indices", "F.max_pool1d("),
@@ -122,10 +163,10 @@ def test_calls_with_several_outputs_run_in_eager_with_one_note(fn, op, text):
 
 @pytest.mark.unit
 def test_unused_outputs_get_no_node():
-    """layer_norm's mean and rstd, unused, make no opaque node (which would cost a note and kernel outputs)."""
-    g = capture(qk_norm_attention, list(qkv()))
+    """max_pool1d's indices, unused, make no opaque node (which would cost a note and kernel outputs)."""
+    g = capture(lambda x: F.max_pool1d(x, kernel_size=3, stride=1) * 2, [qkv()[0][0]])
     assert [(n.attrs["fn"].name(), n.attrs["index"]) for n in g.nodes if n.op == "opaque"] == \
-        [("aten::native_layer_norm", 0)] * 2
+        [("aten::max_pool2d_with_indices", 0)]
 
 
 def test_unbind_of_packed_qkv_lowers_and_fuses():

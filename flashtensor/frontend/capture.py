@@ -299,9 +299,56 @@ def _unbind(b, fx, args, kw, src, live):
     return [b.add("select", (x,), tuple(v.shape), v.dtype, src, dim=dim, index=k) for k, v in enumerate(fx.meta["val"])]
 
 
+_WIDE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
+
+
+def _to(b: Builder, x: Node, dtype: torch.dtype, src: str) -> Node:
+    return x if x.dtype == dtype else b.add("cast", (x,), x.shape, dtype, src)
+
+
+def _moments(b: Builder, x: Node, dims: list[int], correction: float, src: str) -> tuple[Node, Node, Node]:
+    """The mean over `dims` (kept), the deviations from it and their variance, in float32 for half inputs as
+    eager computes them; two passes (the mean first), as accurate as eager's one-pass Welford."""
+    x = _to(b, x, _WIDE.get(x.dtype, x.dtype), src)
+    count = 1
+    for d in dims:
+        count *= x.shape[d]
+    kept = tuple(1 if d in dims else n for d, n in enumerate(x.shape))
+    mean = b.add("mean", (x,), kept, x.dtype, src, dims=dims, keepdim=True)
+    dev = b.add("sub", (x, mean), x.shape, x.dtype, src)
+    total = b.add("reduce", (b.add("mul", (dev, dev), x.shape, x.dtype, src),), kept, x.dtype, src, kind="sum",
+                  dims=dims, keepdim=True)
+    return mean, dev, b.add("div", (total, float(max(count - correction, 0))), kept, x.dtype, src)
+
+
+def _layer_norm(b, fx, args, kw, src, live):
+    """native_layer_norm (F.layer_norm, nn.LayerNorm): (x - mean) * rsqrt(var + eps) * weight + bias, and the
+    mean and rstd it also returns, from primitives that fuse (QK-norm before attention)."""
+    x, shape, weight, bias, eps = args
+    mean, dev, var = _moments(b, x, list(range(len(x.shape) - len(shape), len(x.shape))), 0, src)
+    rstd = b.add("rsqrt", (b.add("add", (var, eps), var.shape, var.dtype, src),), var.shape, var.dtype, src)
+    y = b.add("mul", (dev, rstd), dev.shape, dev.dtype, src)
+    for p, op in ((weight, "mul"), (bias, "add")):
+        if p is not None:
+            y = b.add(op, (y, _to(b, p, y.dtype, src)), y.shape, y.dtype, src)
+    vals = fx.meta["val"]
+    return [_to(b, n, v.dtype, src) for n, v in zip((y, mean, rstd), vals)]
+
+
+def _var_mean(b, fx, args, kw, src, live):
+    """torch.var_mean: the variance with eager's correction (1 unless given), and the mean."""
+    x = args[0]
+    dims = _norm_dims(args[1] if len(args) > 1 else kw.get("dim"), len(x.shape))
+    correction = kw.get("correction")
+    mean, _, var = _moments(b, x, dims, 1 if correction is None else correction, src)
+    return [_to(b, _reshape(b, [n], {}, tuple(v.shape), n.dtype, src), v.dtype, src)
+            for n, v in zip((var, mean), fx.meta["val"])]
+
+
 # calls that return several tensors and have a lowering; any other such call is _multi_opaque
 _MULTI = {aten.max.dim: _max_dim, aten.min.dim: _max_dim, aten.split.Tensor: _split,
-          aten.split_with_sizes.default: _split, aten.unbind.int: _unbind}
+          aten.split_with_sizes.default: _split, aten.unbind.int: _unbind,
+          aten.native_layer_norm.default: _layer_norm, aten.var_mean.correction: _var_mean}
 
 
 def _unary(op):
