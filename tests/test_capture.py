@@ -382,6 +382,19 @@ def test_eager_run_that_tells_errors_apart_leaves_random_numbers_alone():
 
 
 @pytest.mark.unit
+def test_eager_run_that_tells_errors_apart_writes_into_no_argument():
+    def tame_in_place(scores):
+        if scores.abs().amax() > 1:
+            scores.mul_(0.5)
+        return scores.softmax(dim=-1)
+    scores = qkv()[0] * 4
+    ours, theirs = scores.clone(), scores.clone()
+    out, program, notes = run(tame_in_place, ours)
+    assert_close(out, tame_in_place(theirs))
+    assert torch.equal(ours, theirs) and len(notes) == 1
+
+
+@pytest.mark.unit
 def test_arguments_on_two_devices_run_in_eager_where_eager_runs():
     def scores(q, k):
         return torch.softmax(q @ k.transpose(-2, -1), dim=-1)

@@ -155,8 +155,8 @@ def _unheld(fx: torch.fx.Node, val: Any, src: str) -> str:
 
 
 def _live(g: torch.fx.Graph) -> set[torch.fx.Node]:
-    """The nodes the output depends on (or that have effects): an unused value, such as the mean and rstd of
-    `native_layer_norm`, must not become an opaque node, which would cost a fallback note and kernel outputs."""
+    """The nodes the output depends on (or that have effects): an unused value, such as the indices of
+    `max_pool1d`, must not become an opaque node, which would cost a fallback note and kernel outputs."""
     live: set[torch.fx.Node] = set()
     for n in reversed(g.nodes):
         if n.op in ("output", "placeholder") or n.is_impure() or any(u in live for u in n.users):
@@ -195,7 +195,7 @@ def _lower_call(b: Builder, fx: torch.fx.Node, env: dict, src: str, live: set[to
         raise CaptureError(f"unexpected getitem on {base}")
     if t in _MULTI:
         return _MULTI[t](b, fx, args, kw, src, live)
-    if isinstance(fx.meta.get("val"), (tuple, list)):
+    if isinstance(val, (tuple, list)):
         return _multi_opaque(b, fx, args, kw, src, live)
     shape, dtype = _meta(fx)
     rule = _RULES.get(t)
@@ -233,8 +233,8 @@ def _used(fx: torch.fx.Node, live: set[torch.fx.Node]) -> set[int]:
 
 
 def _multi_opaque(b, fx, args, kw, src, live):
-    """Any call that returns several tensors (layer_norm, var_mean, unbind, sdpa, max_pool): one opaque node
-    per output the program reads, each running the call and taking its output."""
+    """Any other call that returns several tensors (std_mean, aminmax, sdpa, logsigmoid, max_pool): one opaque
+    node per output the program reads, each running the call and taking its output."""
     vals, used = fx.meta["val"], _used(fx, live)
     return [_opaque(b, fx.target, args, kw, tuple(v.shape), v.dtype, src, k) if k in used else None
             for k, v in enumerate(vals)]

@@ -53,12 +53,12 @@ def why_untraced(e: Exception) -> str:
 
 
 def raise_if_eager_rejects(fn: Callable, args: Sequence[torch.Tensor]) -> None:
-    """Run `fn` once in eager PyTorch on the real arguments (the random state restored after, so the call
-    that follows draws the same numbers). If eager rejects the program too, it is the user's error: raise
-    eager's own exception, noted with the call."""
+    """Run `fn` once in eager PyTorch on copies of the arguments (a function that writes into one must not write
+    twice), the random state restored after, so the call that follows draws the same numbers. If eager rejects
+    the program too, it is the user's error: raise eager's own exception, noted with the call."""
     with torch.random.fork_rng(devices=sorted({a.device.index or 0 for a in args if a.device.type == "cuda"})):
         try:
-            fn(*args)
+            fn(*(a.clone() for a in args))
         except Exception as e:
             e.add_note(f"FlashTensor: raised by {described(fn, args)} in eager PyTorch")
             raise
