@@ -12,6 +12,7 @@ with the reason in the plan's notes and a FallbackWarning.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import warnings
@@ -27,7 +28,7 @@ from .codegen.artifact import encode_kernel, with_plain_keys
 from .codegen.checkplan import plan_checks
 from .codegen.normalisers import folded_normalisers
 from .codegen.spec import KernelSpec
-from .frontend.capture import capture
+from .frontend.capture import capture, fallback_notes
 from .ir.graph import Graph
 from .ir.loops import LNode, LoopGraph, LOutput
 from .options import Options
@@ -193,22 +194,19 @@ def _run(stages: list[tuple[str, Callable[[Plan, Call], Any]]], plan: Plan, call
 def build(fn: Callable, args: list[Any], options: Options = Options()) -> Program:
     """Capture `fn` on `args` and plan it. Non-tensor arguments are baked in as constants."""
     positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-    returns_tensor = []
 
+    @functools.wraps(fn)      # notes and errors name the user's function
     def tensor_fn(*tensors: torch.Tensor) -> Any:
         full = list(args)
         for i, t in zip(positions, tensors):
             full[i] = t
-        out = fn(*full)
-        returns_tensor.append(isinstance(out, torch.Tensor))
-        return out
+        return fn(*full)
 
     example = [args[i] for i in positions]
     call = Call(tensor_fn, example, _device(example), options)
     plan = Plan()
     _run(FRONT, plan, call)
-    notes = [f"no lowering for {n.attrs['fn']} at {n.source or 'unknown source'}; it and what depends on it run "
-             "in eager PyTorch" for n in plan.captured.nodes if n.op == "opaque"]
+    notes = fallback_notes(plan.captured)
     device = call.device
     if options.kernels and not (device.type == "cuda" or (device.type == "cpu" and knobs.interpret())):
         notes.append(f"inputs on {device}: generated kernels run on CUDA devices (on the CPU only under "
@@ -218,17 +216,13 @@ def build(fn: Callable, args: list[Any], options: Options = Options()) -> Progra
     plan.entry["notes"] = notes + plan.entry.get("notes", [])
     for msg in plan.notes:
         warnings.warn(f"FlashTensor: {msg}", FallbackWarning, stacklevel=4)
-    return Program(plan, positions, returns_tensor[-1], device)
+    return Program(plan, positions, device)
 
 
 def _device(example: Sequence[torch.Tensor]) -> torch.device:
-    """The one device every tensor argument is on; a precise error instead of a failure inside a kernel."""
+    """The device of the tensor arguments (capture runs arguments on several devices in eager PyTorch)."""
     if not example:
         raise TypeError("FlashTensor compiles functions of tensors: this call passes no tensor argument")
-    devices = {t.device for t in example}
-    if len(devices) > 1:
-        raise ValueError("FlashTensor: all tensor arguments must be on one device, got "
-                         + ", ".join(f"tensor argument {i} on {t.device}" for i, t in enumerate(example)))
     return example[0].device
 
 

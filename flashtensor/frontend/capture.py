@@ -7,88 +7,117 @@ on the FX graph Dynamo hands it. Python control flow is specialised to the
 example inputs' shapes and dtypes, which is why plans are keyed on them.
 Tracing runs on fake tensors: capture never executes the program, so a function
 whose eager run would not fit in memory (h2o at 32K tokens) still compiles.
+
+What cannot be traced or represented (Python control flow on a tensor's value,
+`.item()`) becomes one opaque call of the whole function (frontend/eager.py).
 """
 from __future__ import annotations
 
-import inspect
+import logging
 import operator
-import os
-import traceback
 from typing import Any, Callable, Sequence
 
 import torch
+import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..ir.graph import Builder, Graph, Node
-from ..ir.ops import ELEMENTWISE, GROUP, Group
+from ..ir.graph import Builder, Graph, Node, Returns
+from ..ir.ops import ELEMENTWISE, GROUP, TENSOR, Group, scalar
+from .eager import EagerOnly, name, raise_if_eager_rejects, torch_logs_to_debug, whole, why_untraced
+from .source import SourceRecorder
 
 aten = torch.ops.aten
+log = logging.getLogger("flashtensor.capture")
 
 
 class CaptureError(RuntimeError):
     pass
 
 
-class _SourceRecorder(TorchDispatchMode):
-    """Remembers the user's source line for every ATen call, so errors and warnings can point at it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[tuple[Any, str]] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.calls.append((func, _user_frame()))
-        return func(*args, **(kwargs or {}))
-
-
-_SKIP = tuple(os.path.dirname(inspect.getfile(m)) + os.sep for m in (torch,)) + (
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)
-
-
-def _user_frame() -> str:
-    """The innermost frame outside torch and the flashtensor package itself (workloads.py and bench/programs.py
-    count as user code)."""
-    for fr in reversed(traceback.extract_stack()[:-2]):
-        f = os.path.abspath(fr.filename)
-        if (f.startswith(_SKIP) and not f.endswith(("workloads.py", "programs.py"))) or fr.filename.startswith("<"):
-            continue
-        return f"{f}:{fr.lineno}: {(fr.line or '').strip()}"
-    return ""
-
-
-def trace(fn: Callable, args: Sequence[torch.Tensor]) -> tuple[torch.fx.GraphModule, list[tuple[Any, str]]]:
-    rec = _SourceRecorder()
+def trace(fn: Callable, args: Sequence[torch.Tensor]) -> tuple[torch.fx.GraphModule, list[tuple[Any, str]], Returns]:
+    """The function as an ATen FX graph whose output is the list of tensors it returns; the user's source line of
+    every ATen call; and how to rebuild what it returns from that list."""
+    rec = SourceRecorder()
+    returns: list[Returns] = []
 
     def wrapped(*a):
         with rec:
-            return fn(*a)
+            out = fn(*a)
+        returns.append(_returns(out, rec.calls))
+        return [x for x in pytree.tree_leaves(out) if isinstance(x, torch.Tensor)]
 
-    try:
-        # functionalized: an in-place write (`s[..., :5, :] = -inf`) becomes a new value that later reads
-        # see, where the IR's pure nodes would otherwise keep reading the value from before the write
-        gm = make_fx(torch.func.functionalize(wrapped, remove="mutations"), tracing_mode="fake",
-                     _allow_non_fake_inputs=True)(*args)
-    except Exception as e:  # data-dependent control flow, unsupported Python, ...
-        raise CaptureError(f"could not trace {getattr(fn, '__name__', fn)}: {type(e).__name__}: {e}") from e
+    devices = sorted({str(a.device) for a in args})
+    why = f"its tensor arguments are on several devices ({', '.join(devices)})" if len(devices) > 1 else ""
+    if not why:
+        with torch_logs_to_debug():
+            try:
+                # functionalized: an in-place write (`s[..., :5, :] = -inf`) becomes a new value that later reads
+                # see, where the IR's pure nodes would otherwise keep reading the value from before the write
+                gm = make_fx(torch.func.functionalize(wrapped, remove="mutations"), tracing_mode="fake",
+                             _allow_non_fake_inputs=True)(*args)
+            except EagerOnly:
+                raise
+            except Exception as e:  # data-dependent control flow, an op fake tensors cannot run, a user error
+                why = why_untraced(e)
+    if why:
+        raise_if_eager_rejects(fn, args)
+        raise EagerOnly(why)
     for n in gm.graph.nodes:
         if n.op == "call_function" and n.target == aten.copy_.default and n.args[0].op == "placeholder":
-            raise CaptureError(f"{getattr(fn, '__name__', fn)} writes into its input {n.args[0].name}; FlashTensor "
+            raise CaptureError(f"{name(fn)} writes into its input {n.args[0].name}; FlashTensor "
                                "compiles functions that return new tensors (call this one directly)")
-    return gm, rec.calls
+    return gm, rec.calls, returns[-1]
+
+
+_CONSTANT = (int, float, complex, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
+
+
+def _returns(out: Any, calls: Sequence[tuple[Any, str]]) -> Returns:
+    """The structure of a return value: its tensors become the graph's outputs, the rest are constants."""
+    leaves, spec = pytree.tree_flatten(out)
+    slots = tuple(k for k, x in enumerate(leaves) if isinstance(x, torch.Tensor))
+    for x in leaves:
+        if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            at = next((src for f, src in calls if f == aten._local_scalar_dense.default), "") or "unknown source"
+            raise EagerOnly(f"it returns a Python number read from a tensor's value (as .item() gives) at {at}")
+        if not isinstance(x, (torch.Tensor, *_CONSTANT)):
+            raise EagerOnly(f"it returns a {type(x).__name__} (FlashTensor rebuilds tensors, numbers and strings "
+                             "in tuples, lists, dicts and other pytree containers)")
+    return Returns(spec, tuple(None if k in slots else x for k, x in enumerate(leaves)), slots)
 
 
 def capture(fn: Callable, args: Sequence[torch.Tensor]) -> Graph:
-    """Trace `fn(*args)` to ATen and lower it into the graph IR."""
-    gm, calls = trace(fn, args)
-    return from_fx(gm, calls)
+    """Trace `fn(*args)` to ATen and lower it into the graph IR; what capture cannot represent is one opaque call
+    of the whole function. A program eager rejects raises eager's exception (a user error)."""
+    try:
+        gm, calls, returns = trace(fn, args)
+    except EagerOnly as e:
+        return whole(fn, args, str(e))
+    try:
+        return from_fx(gm, calls, returns)
+    except EagerOnly as e:
+        return whole(fn, args, str(e))
+    except Exception as e:  # a user error fake tensors let through (softmax's dim), or a bug in capture
+        log.debug("capture failed", exc_info=True)
+        why = f"internal compiler error in capture ({type(e).__name__}: {e}), please report it"
+    raise_if_eager_rejects(fn, args)
+    return whole(fn, args, why)      # a bug costs the user speed, not the answer
 
 
-def from_fx(gm: torch.fx.GraphModule, calls: Sequence[tuple[Any, str]] = ()) -> Graph:
+def fallback_notes(g: Graph) -> list[str]:
+    """What runs in eager PyTorch, once per op and source line (the outputs of one call are one note)."""
+    return list(dict.fromkeys(n.attrs.get("note") or f"no lowering for {n.attrs['fn']} at "
+                              f"{n.source or 'unknown source'}; it and what depends on it run in eager PyTorch"
+                              for n in g.nodes if n.op == "opaque"))
+
+
+def from_fx(gm: torch.fx.GraphModule, calls: Sequence[tuple[Any, str]], returns: Returns) -> Graph:
+    """The graph IR of a traced function (`trace`)."""
     b = Builder()
     env: dict[torch.fx.Node, Any] = {}
     inputs: list[Node] = []
     pending = list(calls)
+    live = _live(gm.graph)
 
     def source_of(target) -> str:
         for k, (f, src) in enumerate(pending):
@@ -107,15 +136,32 @@ def from_fx(gm: torch.fx.GraphModule, calls: Sequence[tuple[Any, str]] = ()) -> 
             t = getattr(gm, fx.target)
             env[fx] = b.add("const", (), t.shape, t.dtype, value=t)
         elif fx.op == "call_function":
-            env[fx] = _lower_call(b, fx, env, source_of(fx.target))
+            env[fx] = _lower_call(b, fx, env, source_of(fx.target), live)
         elif fx.op == "output":
-            outs = fx.args[0]
-            outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
-            res = [env[o] for o in outs]
-            if not all(isinstance(r, Node) for r in res):
-                raise CaptureError("every output of the program must be a tensor")
-            return Graph(inputs, res, b.nodes)
+            return Graph(inputs, [env[o] for o in fx.args[0]], b.nodes, returns)
     raise CaptureError("traced graph has no output")
+
+
+def _unheld(fx: torch.fx.Node, val: Any, src: str) -> str:
+    """Why a call's value has no place in the graph IR."""
+    op = fx.args[0].target if fx.target is operator.getitem and isinstance(fx.args[0], torch.fx.Node) else fx.target
+    if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        what = f"{op} reads a tensor's value into Python (as .item() does)"
+    elif isinstance(val, torch.Tensor):
+        what = f"the shape of {op}'s result depends on a tensor's values"
+    else:
+        what = f"{op} gives a {type(val).__name__}, which the graph IR does not hold"
+    return f"{what} at {src or 'unknown source'}"
+
+
+def _live(g: torch.fx.Graph) -> set[torch.fx.Node]:
+    """The nodes the output depends on (or that have effects): an unused value, such as the indices of
+    `max_pool1d`, must not become an opaque node, which would cost a fallback note and kernel outputs."""
+    live: set[torch.fx.Node] = set()
+    for n in reversed(g.nodes):
+        if n.op in ("output", "placeholder") or n.is_impure() or any(u in live for u in n.users):
+            live.add(n)
+    return live
 
 
 def _meta(fx: torch.fx.Node) -> tuple[tuple[int, ...], torch.dtype]:
@@ -123,7 +169,7 @@ def _meta(fx: torch.fx.Node) -> tuple[tuple[int, ...], torch.dtype]:
     return tuple(v.shape), v.dtype
 
 
-def _lower_call(b: Builder, fx: torch.fx.Node, env: dict, src: str) -> Any:
+def _lower_call(b: Builder, fx: torch.fx.Node, env: dict, src: str, live: set[torch.fx.Node]) -> Any:
     def arg(a):
         if isinstance(a, torch.fx.Node):
             return env[a]
@@ -132,6 +178,14 @@ def _lower_call(b: Builder, fx: torch.fx.Node, env: dict, src: str) -> Any:
         return a
 
     t = fx.target
+    if fx not in live and any(env[a] is None for a in fx.all_input_nodes):
+        return None                      # reads an unused output that got no node
+    val = fx.meta.get("val")
+    if not (isinstance(val, (tuple, list)) or (isinstance(val, torch.Tensor) and
+                                               all(isinstance(d, int) for d in val.shape))):
+        if fx not in live:
+            return None
+        raise EagerOnly(_unheld(fx, val, src))
     args = [arg(a) for a in fx.args]
     kw = {k: arg(v) for k, v in fx.kwargs.items()}
     if t is operator.getitem:
@@ -140,31 +194,50 @@ def _lower_call(b: Builder, fx: torch.fx.Node, env: dict, src: str) -> Any:
             return base[idx]
         raise CaptureError(f"unexpected getitem on {base}")
     if t in _MULTI:
-        return _MULTI[t](b, fx, args, kw, src)
+        return _MULTI[t](b, fx, args, kw, src, live)
+    if isinstance(val, (tuple, list)):
+        return _multi_opaque(b, fx, args, kw, src, live)
     shape, dtype = _meta(fx)
     rule = _RULES.get(t)
     if rule is not None:
         out = rule(b, args, kw, shape, dtype, src)
         if out is not None:
             return out
-    return _opaque(b, t, args, kw, shape, dtype, src, None)
+    return _opaque(b, t, args, kw, shape, dtype, src, None) if fx in live else None
 
 
 def _opaque(b, t, args, kw, shape, dtype, src, index):
-    tensors = [a for a in args if isinstance(a, Node)]
-    spec = ["<tensor>" if isinstance(a, Node) else a for a in args]
-    if any(isinstance(x, Node) for a in args if isinstance(a, (list, tuple)) for x in a) or \
-            any(isinstance(v, Node) for v in kw.values()):
-        raise CaptureError(f"op {t} takes tensors inside a list; not supported ({src or 'source unknown'})")
-    return b.add("opaque", tuple(tensors), shape, dtype, src, fn=t, arg_spec=spec, kwargs=kw, index=index)
+    """A call the IR does not model, run eagerly: its tensors, also those in lists (cat, stack, index_put),
+    are the node's inputs in order, and `arg_spec` and `kwargs` are the call with TENSOR in their places."""
+    tensors: list[Node] = []
+    spec = _marked(list(args), tensors)
+    kwargs = {k: _marked(v, tensors) for k, v in kw.items()}
+    return b.add("opaque", tuple(tensors), shape, dtype, src, fn=t, arg_spec=spec, kwargs=kwargs, index=index)
 
 
-def _multi_opaque(b, fx, args, kw, src):
-    vals = fx.meta["val"]
-    return [
-        _opaque(b, fx.target, args, kw, tuple(v.shape), v.dtype, src, k) if isinstance(v, torch.Tensor) else None
-        for k, v in enumerate(vals)
-    ]
+def _marked(a: Any, tensors: list[Node]) -> Any:
+    if isinstance(a, Node):
+        tensors.append(a)
+        return TENSOR
+    if isinstance(a, (list, tuple)):
+        return type(a)(_marked(x, tensors) for x in a)
+    return a
+
+
+def _used(fx: torch.fx.Node, live: set[torch.fx.Node]) -> set[int]:
+    """Which outputs of a call that returns several the program reads."""
+    users = [u for u in fx.users if u in live]
+    if all(u.target is operator.getitem for u in users):
+        return {k for u in users if isinstance(k := u.args[1], int)}
+    return set(range(len(fx.meta["val"])))
+
+
+def _multi_opaque(b, fx, args, kw, src, live):
+    """Any other call that returns several tensors (std_mean, aminmax, sdpa, logsigmoid, max_pool): one opaque
+    node per output the program reads, each running the call and taking its output."""
+    vals, used = fx.meta["val"], _used(fx, live)
+    return [_opaque(b, fx.target, args, kw, tuple(v.shape), v.dtype, src, k) if k in used else None
+            for k, v in enumerate(vals)]
 
 
 def _all(b, a, kw, s, d, src):
@@ -194,19 +267,20 @@ def _reduce(kind):
     return rule
 
 
-def _max_dim(b, fx, args, kw, src):
-    """max.dim / min.dim: values lower to a reduction; indices stay opaque (the IR has no argmax)."""
+def _max_dim(b, fx, args, kw, src, live):
+    """max.dim / min.dim: values lower to a reduction; indices, where read, stay opaque (the IR has no argmax)."""
     x, dim = args[0], args[1]
     keep = bool(args[2]) if len(args) > 2 else False
     vals = fx.meta["val"]
     kind = "max" if fx.target == aten.max.dim else "min"
     v = b.add("reduce", (x,), tuple(vals[0].shape), vals[0].dtype, src, kind=kind, dims=[dim % len(x.shape)],
               keepdim=keep)
-    i = _opaque(b, fx.target, args, kw, tuple(vals[1].shape), vals[1].dtype, src, 1)
+    i = _opaque(b, fx.target, args, kw, tuple(vals[1].shape), vals[1].dtype, src, 1) if 1 in _used(fx, live) else None
     return [v, i]
 
 
-def _split(b, fx, args, kw, src):
+def _split(b, fx, args, kw, src, live):
+    """split / split_with_sizes: a slice per piece."""
     x, size = args[0], args[1]
     dim = (args[2] if len(args) > 2 else kw.get("dim", 0)) % len(x.shape)
     sizes = size if isinstance(size, (list, tuple)) else [size] * -(-x.shape[dim] // size)
@@ -218,8 +292,63 @@ def _split(b, fx, args, kw, src):
     return outs
 
 
+def _unbind(b, fx, args, kw, src, live):
+    """unbind (`q, k, v = qkv.unbind(0)`): a select per piece."""
+    x = args[0]
+    dim = (args[1] if len(args) > 1 else kw.get("dim", 0)) % len(x.shape)
+    return [b.add("select", (x,), tuple(v.shape), v.dtype, src, dim=dim, index=k) for k, v in enumerate(fx.meta["val"])]
+
+
+_WIDE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
+
+
+def _to(b: Builder, x: Node, dtype: torch.dtype, src: str) -> Node:
+    return x if x.dtype == dtype else b.add("cast", (x,), x.shape, dtype, src)
+
+
+def _moments(b: Builder, x: Node, dims: list[int], correction: float, src: str) -> tuple[Node, Node, Node]:
+    """The mean over `dims` (kept), the deviations from it and their variance, in float32 for half inputs as
+    eager computes them; two passes (the mean first), as accurate as eager's one-pass Welford."""
+    x = _to(b, x, _WIDE.get(x.dtype, x.dtype), src)
+    count = 1
+    for d in dims:
+        count *= x.shape[d]
+    kept = tuple(1 if d in dims else n for d, n in enumerate(x.shape))
+    mean = b.add("mean", (x,), kept, x.dtype, src, dims=dims, keepdim=True)
+    dev = b.add("sub", (x, mean), x.shape, x.dtype, src)
+    total = b.add("reduce", (b.add("mul", (dev, dev), x.shape, x.dtype, src),), kept, x.dtype, src, kind="sum",
+                  dims=dims, keepdim=True)
+    return mean, dev, b.add("div", (total, float(max(count - correction, 0))), kept, x.dtype, src)
+
+
+def _layer_norm(b, fx, args, kw, src, live):
+    """native_layer_norm (F.layer_norm, nn.LayerNorm): (x - mean) * rsqrt(var + eps) * weight + bias, and the
+    mean and rstd it also returns, from primitives that fuse (QK-norm before attention)."""
+    x, shape, weight, bias, eps = args
+    mean, dev, var = _moments(b, x, list(range(len(x.shape) - len(shape), len(x.shape))), 0, src)
+    rstd = b.add("rsqrt", (b.add("add", (var, eps), var.shape, var.dtype, src),), var.shape, var.dtype, src)
+    y = b.add("mul", (dev, rstd), dev.shape, dev.dtype, src)
+    for p, op in ((weight, "mul"), (bias, "add")):
+        if p is not None:
+            y = b.add(op, (y, _to(b, p, y.dtype, src)), y.shape, y.dtype, src)
+    vals = fx.meta["val"]
+    return [_to(b, n, v.dtype, src) for n, v in zip((y, mean, rstd), vals)]
+
+
+def _var_mean(b, fx, args, kw, src, live):
+    """torch.var_mean: the variance with eager's correction (1 unless given), and the mean."""
+    x = args[0]
+    dims = _norm_dims(args[1] if len(args) > 1 else kw.get("dim"), len(x.shape))
+    correction = kw.get("correction")
+    mean, _, var = _moments(b, x, dims, 1 if correction is None else correction, src)
+    return [_to(b, _reshape(b, [n], {}, tuple(v.shape), n.dtype, src), v.dtype, src)
+            for n, v in zip((var, mean), fx.meta["val"])]
+
+
+# calls that return several tensors and have a lowering; any other such call is _multi_opaque
 _MULTI = {aten.max.dim: _max_dim, aten.min.dim: _max_dim, aten.split.Tensor: _split,
-          aten.split_with_sizes.default: _split, aten.sort.default: _multi_opaque, aten.topk.default: _multi_opaque}
+          aten.split_with_sizes.default: _split, aten.unbind.int: _unbind,
+          aten.native_layer_norm.default: _layer_norm, aten.var_mean.correction: _var_mean}
 
 
 def _unary(op):
@@ -250,13 +379,14 @@ def _reshape(b, a, kw, shape, dtype, src):
 
 def _full(value_of):
     def rule(b, a, kw, shape, dtype, src):
-        return b.add("full", (), shape, dtype, src, value=value_of(a), device=kw.get("device") or torch.device("cpu"))
+        return b.add("full", (), shape, dtype, src, value=scalar(value_of(a), dtype),
+                     device=kw.get("device") or torch.device("cpu"))
     return rule
 
 
 def _like(value_of):
     def rule(b, a, kw, shape, dtype, src):
-        return b.add("full", (), shape, dtype, src, value=value_of(a), device=a[0].device)
+        return b.add("full", (), shape, dtype, src, value=scalar(value_of(a), dtype), device=a[0].device)
     return rule
 
 
@@ -276,7 +406,7 @@ def _fill(b, a, kw, s, d, src):
     """`x.fill_(v)`, `x[...] = v`: v (a number or a 0-d tensor) broadcast to x's shape."""
     v = a[1]
     if not isinstance(v, Node):
-        return b.add("full", (), s, d, src, value=v, device=a[0].device)
+        return b.add("full", (), s, d, src, value=scalar(v, d), device=a[0].device)
     if v.shape:
         return None
     v = v if v.dtype == d else b.add("cast", (v,), (), d, src)
@@ -369,8 +499,9 @@ _RULES: dict[Any, Callable] = {
         "addmm", (a[0], a[1], a[2]), s, d, src) if kw.get("beta", 1) == 1 and kw.get("alpha", 1) == 1 else None,
     aten.linear.default: lambda b, a, kw, s, d, src: b.add(
         "linear", tuple(x for x in a[:3] if x is not None), s, d, src),
-    aten._softmax.default: lambda b, a, kw, s, d, src: b.add("softmax", (a[0],), s, d, src, dim=a[1] % len(s)),
-    aten._log_softmax.default: lambda b, a, kw, s, d, src: b.add("log_softmax", (a[0],), s, d, src, dim=a[1] % len(s)),
+    aten._softmax.default: lambda b, a, kw, s, d, src: b.add("softmax", (a[0],), s, d, src, dim=_dim(a[1], len(s))),
+    aten._log_softmax.default: lambda b, a, kw, s, d, src: b.add(
+        "log_softmax", (a[0],), s, d, src, dim=_dim(a[1], len(s))),
     aten.linalg_vector_norm.default: lambda b, a, kw, s, d, src: b.add(
         "norm", (a[0],), s, d, src, ord=float(a[1] if len(a) > 1 else 2),
         dims=_norm_dims(a[2] if len(a) > 2 else None, len(a[0].shape)), keepdim=bool(a[3] if len(a) > 3 else False)),
@@ -408,6 +539,13 @@ _RULES: dict[Any, Callable] = {
     aten.fill.Scalar: _fill, aten.fill.Tensor: _fill,
     aten.slice_scatter.default: _scatter(False), aten.select_scatter.default: _scatter(True),
 }
+
+
+def _dim(d: int, rank: int) -> int:
+    """A dimension counted from 0; out of range is eager's IndexError (softmax's meta function lets dim=rank by)."""
+    if not -max(rank, 1) <= d < max(rank, 1):
+        raise IndexError(f"dim {d} is out of range for a tensor of rank {rank}")
+    return d % max(rank, 1)
 
 
 def _swap(rank, i, j):

@@ -6,9 +6,10 @@ parameters in `attrs`. The op vocabulary and its meaning live in `ir.ops`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional, Sequence
 
 import torch
+import torch.utils._pytree as pytree
 
 from .ops import Op
 
@@ -49,12 +50,34 @@ class Node:
         return torch.device("cpu")
 
 
+@dataclass(frozen=True)
+class Returns:
+    """What the function returns, rebuilt from the values of a graph's outputs: the pytree of its return value
+    (a dict, nested tuples, a tensor and an int), with `leaves` holding every non-tensor leaf as it was and
+    `slots` the leaf positions of the outputs, in order."""
+    spec: pytree.TreeSpec
+    leaves: tuple
+    slots: tuple[int, ...]
+
+    def build(self, values: Sequence[Any]) -> Any:
+        leaves = list(self.leaves)
+        for k, v in zip(self.slots, values):
+            leaves[k] = v
+        return pytree.tree_unflatten(leaves, self.spec)
+
+
 @dataclass
 class Graph:
-    """Nodes in topological order; `inputs` are the program's tensor arguments in call order."""
+    """Nodes in topological order; `inputs` are the program's tensor arguments in call order. `returns` says
+    how the function's value is made of `outputs` (None: a subgraph, whose value is the tuple of them)."""
     inputs: list[Node]
     outputs: list[Node]
     nodes: list[Node]
+    returns: Optional[Returns] = None
+
+    def result(self, values: Sequence[Any]) -> Any:
+        """The function's return value, given the values of `outputs`."""
+        return self.returns.build(values) if self.returns else tuple(values)
 
     def users(self) -> dict[Node, list[Node]]:
         out: dict[Node, list[Node]] = {n: [] for n in self.nodes}

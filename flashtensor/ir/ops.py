@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -179,6 +179,12 @@ BINARY: dict[Op, Callable] = {op: e.torch for op, e in ELEMENTWISE.items() if GR
 COMPOSITE = frozenset(op for op, g in GROUP.items() if g is Group.COMPOSITE)
 
 
+def scalar(v: Any, dtype: torch.dtype) -> Any:
+    """A Python number as a value of `dtype`: a bool's 1 is True, since where(keep, x, 0) of a bool x is int64
+    in torch and int32 in Triton, where a condition must be a bool."""
+    return bool(v) if dtype == torch.bool and isinstance(v, (int, float)) else v
+
+
 def _reduce(n: Any, x: torch.Tensor) -> torch.Tensor:
     kind, dims, keep = n.attrs["kind"], n.attrs["dims"], n.attrs["keepdim"]
     if not dims:
@@ -218,12 +224,24 @@ def _slice(n: Any, x: torch.Tensor) -> torch.Tensor:
     return x.narrow(n.attrs["dim"], n.attrs["start"], n.shape[n.attrs["dim"]])
 
 
+TENSOR = "<tensor>"     # an opaque call's tensor argument, in its `arg_spec` and `kwargs`
+
+
 def _opaque(n: Any, *args: Any) -> Any:
-    """An op the IR does not model: run the captured ATen callable itself."""
+    """An op the IR does not model: run the captured ATen callable itself on the node's inputs, put back in
+    the places TENSOR marks (lists of tensors included)."""
     it = iter(args)
-    real = [next(it) if isinstance(a, str) and a == "<tensor>" else a for a in n.attrs["arg_spec"]]
-    out = n.attrs["fn"](*real, **n.attrs["kwargs"])
+    real = _filled(n.attrs["arg_spec"], it)
+    out = n.attrs["fn"](*real, **{k: _filled(v, it) for k, v in n.attrs["kwargs"].items()})
     return out[n.attrs["index"]] if n.attrs["index"] is not None else out
+
+
+def _filled(a: Any, it: Iterator[Any]) -> Any:
+    if isinstance(a, str) and a == TENSOR:
+        return next(it)
+    if isinstance(a, (list, tuple)):
+        return type(a)(_filled(x, it) for x in a)
+    return a
 
 
 def _unary_eval(f: Callable) -> Callable:

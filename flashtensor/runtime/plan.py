@@ -53,10 +53,9 @@ class Plan:
 class Program:
     """Runs a plan: the kernels, then the ops that run in eager PyTorch, in an order fixed at construction."""
 
-    def __init__(self, plan: Plan, tensor_positions: list[int], single_output: bool, device: torch.device) -> None:
+    def __init__(self, plan: Plan, tensor_positions: list[int], device: torch.device) -> None:
         self.plan = plan
         self.tensor_positions = tensor_positions     # which call arguments are the graph's tensor inputs
-        self.single_output = single_output
         g = plan.decomposed
         nodes = {n.name: n for n in g.nodes}
         self.kernels = plan.kernels
@@ -80,4 +79,4 @@ class Program:
             bufs = run_kernels(self.launches, list(tensors) + self.consts, tensors[0].device)
             env = {n: bufs[k] for n, k in self.results}
         outs = evaluate(self.plan.decomposed, tensors, env, self.order)
-        return outs[0] if self.single_output else tuple(outs)
+        return self.plan.decomposed.result(outs)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..ir.graph import Builder, Graph, Node
-from ..ir.ops import Op
+from ..ir.ops import Op, scalar
 
 _COMPUTE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 
@@ -22,7 +22,7 @@ def decompose(g: Graph) -> Graph:
         args = tuple(env[a] if isinstance(a, Node) else a for a in n.args)
         rule = _RULES.get(n.op)
         env[n] = rule(b, n, *args) if rule else b.add(n.op, args, n.shape, n.dtype, n.source, **n.attrs)
-    return Graph([env[i] for i in g.inputs], [env[o] for o in g.outputs], b.nodes)
+    return Graph([env[i] for i in g.inputs], [env[o] for o in g.outputs], b.nodes, g.returns)
 
 
 def _keep_shape(shape, dims):
@@ -83,8 +83,7 @@ def _clamp(b: Builder, n: Node, x: Node) -> Node:
 
 
 def _masked_fill(b: Builder, n: Node, x: Node, mask: Node, v) -> Node:
-    if isinstance(v, Node):
-        v = _cast(b, v, n.dtype, n.source)
+    v = _cast(b, v, n.dtype, n.source) if isinstance(v, Node) else scalar(v, n.dtype)
     return b.add("where", (mask, v, x), n.shape, n.dtype, n.source)
 
 
@@ -96,7 +95,8 @@ def _tri(lower: bool):
         cols = b.add("iota", (), n.shape[-2:], torch.int64, s, dim=1, device=dev)
         diff = b.add("sub", (cols, rows), n.shape[-2:], torch.int64, s)
         keep = b.add("le" if lower else "ge", (diff, n.attrs["diagonal"]), n.shape[-2:], torch.bool, s)
-        return b.add("where", (keep, x, 0.0 if x.dtype.is_floating_point else 0), n.shape, n.dtype, s)
+        zero = 0.0 if x.dtype.is_floating_point else scalar(0, x.dtype)     # False for a bool mask
+        return b.add("where", (keep, x, zero), n.shape, n.dtype, s)
     return rule
 
 

@@ -1,0 +1,449 @@
+"""Capture never crashes where eager runs (docs/design.md §6): calls with several outputs, lists of tensors,
+index assignment, any structure of outputs, bool masks. The programs are written the way models write them;
+each compiled result is checked against eager, and each fallback note names the op and the user's line once."""
+import inspect
+import math
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torch.utils._pytree as pytree
+
+import flashtensor as ft
+from conftest import assert_close
+from flashtensor import FallbackWarning
+from flashtensor.frontend.capture import capture
+from flashtensor.ir.evaluate import evaluate
+from flashtensor.transform.decompose import decompose
+
+SEED = 97
+
+
+def qkv(b=1, h=2, s=24, d=16, seed=SEED) -> tuple:
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(b, h, s, d, generator=g) for _ in range(3))
+
+
+def run(fn, *args):
+    """`ft.compile(fn)(*args)`, its program, and the FallbackWarning messages of its first call."""
+    compiled = ft.compile(fn)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = compiled(*args)
+    (program,) = compiled.programs.values()
+    return out, program, [str(w.message) for w in caught if w.category is FallbackWarning]
+
+
+def assert_same(out, ref) -> None:
+    """The structure eager returns (containers, their types, non-tensor leaves) and every tensor in it."""
+    leaves, spec = pytree.tree_flatten(out)
+    ref_leaves, ref_spec = pytree.tree_flatten(ref)
+    assert spec == ref_spec, f"returns {spec}, eager returns {ref_spec}"
+    for o, r in zip(leaves, ref_leaves):
+        if isinstance(r, torch.Tensor):
+            assert_close(o, r)
+        else:
+            assert type(o) is type(r) and o == r, (o, r)
+
+
+def where(fn, text: str) -> str:
+    """`file:line` of the line of `fn`'s source that contains `text`."""
+    lines, first = inspect.getsourcelines(fn)
+    return f"{Path(inspect.getsourcefile(fn)).name}:{first + next(i for i, x in enumerate(lines) if text in x)}"
+
+
+def assert_noted_once(notes: list[str], op: str, at: str) -> None:
+    hits = [n for n in notes if op in n and at in n]
+    assert len(hits) == 1, notes
+
+
+# ---- calls that return several tensors -----------------------------------------------------------
+
+def qk_norm_attention(q, k, v):
+    """QK-norm (OLMo 2, ViT-22B): layer norm on q and k; native_layer_norm also returns mean and rstd."""
+    q = F.layer_norm(q, (q.shape[-1],))
+    k = F.layer_norm(k, (k.shape[-1],))
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def standardized_scores(q, k, v):
+    scores = q @ k.transpose(-2, -1)
+    var, mean = torch.var_mean(scores, dim=-1, keepdim=True, correction=0)
+    return torch.softmax((scores - mean) * torch.rsqrt(var + 1e-5), dim=-1) @ v
+
+
+def column_spread(q, k, v):
+    """torch.var_mean with its default correction over two dims, neither kept."""
+    return torch.var_mean(q @ k.transpose(-2, -1), dim=(0, 2))
+
+
+LN = torch.nn.LayerNorm(16)
+with torch.no_grad():
+    LN.weight.copy_(torch.linspace(0.5, 1.5, 16))
+    LN.bias.copy_(torch.linspace(-0.2, 0.2, 16))
+
+
+def layer_norm_module(q, k, v):
+    """nn.LayerNorm with its weight and bias (closure constants) on q and k."""
+    return torch.softmax(LN(q) @ LN(k).transpose(-2, -1), dim=-1) @ v
+
+
+@pytest.mark.parametrize("fn, dtype", [(qk_norm_attention, torch.float32), (qk_norm_attention, torch.float16),
+                                       (layer_norm_module, torch.float32), (standardized_scores, torch.float32),
+                                       (column_spread, torch.float32)],
+                         ids=["qk_norm", "qk_norm_fp16", "layer_norm_module", "var_mean_scores", "var_mean_dims"])
+def test_layer_norm_and_var_mean_lower_and_fuse(fn, dtype):
+    """native_layer_norm and var_mean lower to means and elementwise ops (float32 inside for half inputs, as
+    eager computes them), so the attention after them fuses."""
+    args = tuple(a.to(dtype) for a in qkv(s=40))
+    out, program, notes = run(fn, *args)
+    assert_same(out, fn(*args))
+    assert program.launches and not notes, notes
+    assert not [n for n in program.plan.captured.nodes if n.op == "opaque"]
+
+
+def std_and_mean(x):
+    std, mean = torch.std_mean(x, dim=-1, keepdim=True)
+    return (x - mean) / std
+
+
+def min_max_scaled(x):
+    lo, hi = torch.aminmax(x, dim=-1, keepdim=True)
+    return (x - lo) / (hi - lo)
+
+
+def sdpa_merge_heads(q, k, v):
+    b, h, s, d = q.shape
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return out.transpose(1, 2).reshape(b, s, h * d)
+
+
+def log_sigmoid_gate(q, k, v):
+    """Sigmoid attention with a log-space gate on the values."""
+    gate = F.logsigmoid(v)
+    return torch.sigmoid(q @ k.transpose(-2, -1)) @ gate.exp()
+
+
+def snapkv_max_pool(q, k, v):
+    """SnapKV's vote over the observation window, pooled with max instead of avg."""
+    window = q[..., -8:, :]
+    probs = torch.softmax(window @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+    votes = probs.sum(dim=-2)
+    return F.max_pool1d(votes, kernel_size=5, padding=2, stride=1)
+
+
+def best_key(q, k, v):
+    values, index = torch.max(q @ k.transpose(-2, -1), dim=-1)
+    return values, index
+
+
+def case(fn, op, text, unit=False):
+    """A parametrize case named for its program; `unit` where the call reads inputs only, so nothing fuses."""
+    return pytest.param(fn, op, text, id=fn.__name__, marks=[pytest.mark.unit] if unit else [])
+
+
+MULTI = [case(std_and_mean, "aten.std_mean", "torch.std_mean(", unit=True),
+         case(min_max_scaled, "aten.aminmax", "torch.aminmax(", unit=True),
+         case(sdpa_merge_heads, "aten._scaled_dot_product", "F.scaled_dot_product_attention(", unit=True),
+         case(log_sigmoid_gate, "aten.log_sigmoid_forward", "F.logsigmoid("),
+         case(snapkv_max_pool, "aten.max_pool2d_with_indices", "F.max_pool1d("),
+         case(best_key, "aten.max.dim", "torch.max(")]
+
+
+@pytest.mark.parametrize("fn, op, text", MULTI)
+def test_calls_with_several_outputs_run_in_eager_with_one_note(fn, op, text):
+    args = qkv()[: len(inspect.signature(fn).parameters)]
+    out, program, notes = run(fn, *args)
+    assert_same(out, fn(*args))
+    assert_noted_once(notes, op, where(fn, text))
+
+
+@pytest.mark.unit
+def test_unused_outputs_get_no_node():
+    """max_pool1d's indices, unused, make no opaque node (which would cost a note and kernel outputs)."""
+    g = capture(lambda x: F.max_pool1d(x, kernel_size=3, stride=1) * 2, [qkv()[0][0]])
+    assert [(n.attrs["fn"].name(), n.attrs["index"]) for n in g.nodes if n.op == "opaque"] == \
+        [("aten::max_pool2d_with_indices", 0)]
+
+
+def test_unbind_of_packed_qkv_lowers_and_fuses():
+    def packed(qkv):
+        q, k, v = qkv.unbind(0)
+        return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v
+    x = torch.stack(qkv())
+    out, program, notes = run(packed, x)
+    assert_close(out, packed(x))
+    assert program.launches and not notes, notes
+
+
+# ---- calls that take a list of tensors -----------------------------------------------------------
+
+def rotate_half(x):
+    """Rotates half the hidden dims of the input (Hugging Face's Llama)."""
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope_attention(q, k, v, cos, sin):
+    q = q * cos + rotate_half(q) * sin
+    k = k * cos + rotate_half(k) * sin
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1) @ v
+
+
+def sink_attention(q, k, v, sinks):
+    """gpt-oss: a learned sink logit per head joins the scores as one more column, then is dropped."""
+    b, h, s, _ = q.shape
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    combined = torch.cat([scores, sinks.reshape(1, -1, 1, 1).expand(b, h, s, 1)], dim=-1)
+    probs = torch.softmax(combined, dim=-1)[..., :-1]
+    return probs @ v
+
+
+def rotate_every_two(x):
+    """GPT-J's interleaved rotary embedding."""
+    x1 = x[:, :, :, ::2]
+    x2 = x[:, :, :, 1::2]
+    x = torch.stack((-x2, x1), dim=-1)
+    return x.flatten(-2)
+
+
+def test_rope_rotate_half_runs_with_one_note_for_its_cat():
+    q, k, v = qkv()
+    angles = torch.arange(24.0)[:, None] / 10000 ** (torch.arange(0, 16, 2.0) / 16)
+    emb = torch.cat((angles, angles), dim=-1)
+    out, program, notes = run(rope_attention, q, k, v, emb.cos(), emb.sin())
+    assert_close(out, rope_attention(q, k, v, emb.cos(), emb.sin()))
+    assert_noted_once(notes, "aten.cat", where(rotate_half, "torch.cat("))
+
+
+def test_sink_column_joins_the_scores():
+    q, k, v = qkv()
+    sinks = torch.tensor([0.5, -1.0])
+    out, program, notes = run(sink_attention, q, k, v, sinks)
+    assert_close(out, sink_attention(q, k, v, sinks))
+    assert_noted_once(notes, "aten.cat", where(sink_attention, "torch.cat("))
+
+
+@pytest.mark.unit
+def test_stack_of_interleaved_halves_runs_in_eager():
+    q = qkv()[0]
+    out, program, notes = run(rotate_every_two, q)
+    assert_close(out, rotate_every_two(q))
+    assert_noted_once(notes, "aten.stack", where(rotate_every_two, "torch.stack("))
+
+
+def test_index_assignment_with_a_tensor_index():
+    """H2O-style eviction: the evicted keys' columns are masked out; `mask[evicted] = True` is index_put."""
+    def evict(q, k, v, evicted):
+        mask = torch.zeros(k.shape[-2], dtype=torch.bool)
+        mask[evicted] = True
+        scores = (q @ k.transpose(-2, -1)).masked_fill(mask, -math.inf)
+        return torch.softmax(scores, dim=-1) @ v
+    q, k, v = qkv()
+    evicted = torch.tensor([1, 5, 6, 20])
+    out, program, notes = run(evict, q, k, v, evicted)
+    assert_close(out, evict(q, k, v, evicted))
+    assert_noted_once(notes, "aten.index_put", where(evict, "mask[evicted] = True"))
+
+
+# ---- bool and integer masks ----------------------------------------------------------------------
+
+def causal_bool_mask(q, k, v):
+    s = q.shape[-2]
+    mask = torch.ones(s, s, dtype=torch.bool).triu(1)
+    scores = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(mask, -math.inf)
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def banded_int_mask(x):
+    keep = torch.ones(x.shape[-2:], dtype=torch.int32).tril(2).triu(-2)
+    return x * keep, (x > 0).tril(-1), torch.ones_like(x, dtype=torch.bool).masked_fill(x > 1, False)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("fn, args", [(causal_bool_mask, qkv()), (banded_int_mask, (torch.randn(2, 8, 8),))],
+                         ids=["bool_triu", "int_tril_triu"])
+def test_masks_of_bool_and_int_tensors_evaluate_in_their_dtype(fn, args):
+    """The eager fallback evaluates the decomposed graph: triu/tril and masked_fill of a bool must stay bool
+    (where(keep, x, 0) promoted it to int64, which where and masked_fill then reject)."""
+    ref = fn(*args)
+    assert_same(tuple(evaluate(decompose(capture(fn, list(args))), list(args))), ref if isinstance(ref, tuple) else (ref,))
+
+
+def test_bool_triu_mask_fuses():
+    """The kernel's mask is a bool (a fill of True, not the int 1, which Triton took for an int32 condition)."""
+    q, k, v = qkv()
+    out, program, notes = run(causal_bool_mask, q, k, v)
+    assert_close(out, causal_bool_mask(q, k, v))
+    assert program.launches and not notes, notes
+    fills = [n.attrs["value"] for n in program.plan.captured.nodes if n.op == "full"]
+    assert fills == [True] and type(fills[0]) is bool
+
+
+# ---- what the function returns -------------------------------------------------------------------
+
+def attention_outputs(q, k, v):
+    probs = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+    return probs @ v, probs
+
+
+def as_dict(q, k, v):
+    out, probs = attention_outputs(q, k, v)
+    return {"attn_output": out, "attn_weights": probs}
+
+
+def with_cache(q, k, v):
+    """Hugging Face's (output, weights, past_key_value) with the cache as a tuple of k and v."""
+    out, probs = attention_outputs(q, k, v)
+    return out, None, (k, v)
+
+
+def with_length(q, k, v):
+    return attention_outputs(q, k, v)[0], k.shape[-2]
+
+
+def row_max(q, k, v):
+    return (q @ k.transpose(-2, -1)).max(dim=-1)
+
+
+@pytest.mark.parametrize("fn", [as_dict, with_cache, with_length, row_max], ids=lambda f: f.__name__)
+def test_the_compiled_function_returns_what_eager_returns(fn):
+    q, k, v = qkv()
+    out, program, notes = run(fn, q, k, v)
+    assert_same(out, fn(q, k, v))
+    assert type(out) is type(fn(q, k, v))
+
+
+# ---- what capture cannot trace runs in eager as a whole ------------------------------------------
+
+def skip_all_ones_mask(q, k, mask):
+    """Hugging Face's habit: drop an attention mask that masks nothing (a branch on the mask's values)."""
+    if (mask == 1).all():
+        mask = None
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(mask == 0, -math.inf)
+    return torch.softmax(scores, dim=-1)
+
+
+def absmax_scaled(q, k, mask):
+    """Per-tensor scaling by a Python number read from the data."""
+    scale = k.abs().amax().item()
+    return torch.softmax(q @ (k / scale).transpose(-2, -1), dim=-1)
+
+
+def kept_scores(q, k, mask):
+    """Boolean-mask indexing: the result's length depends on the mask's values."""
+    scores = q @ k.transpose(-2, -1)
+    return scores[..., mask.bool()].sum()
+
+
+def scores_and_max(q, k, mask):
+    scores = q @ k.transpose(-2, -1)
+    return scores, scores.max().item()
+
+
+UNTRACED = [(skip_all_ones_mask, "Python control flow on a tensor's value", "if (mask == 1).all():"),
+            (absmax_scaled, "aten._local_scalar_dense", "scale = k.abs().amax().item()"),
+            (kept_scores, "depends on a tensor's values", "scores[..., mask.bool()]"),
+            (scores_and_max, "returns a Python number", "scores.max().item()")]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("fn, why, text", UNTRACED, ids=[u[0].__name__ for u in UNTRACED])
+def test_data_dependent_python_runs_the_whole_function_in_eager(fn, why, text, capfd):
+    q, k, _ = qkv()
+    mask = torch.ones(24, 24, dtype=torch.long).tril()
+    out, program, notes = run(fn, q, k, mask)
+    assert_same(out, fn(q, k, mask))
+    (note,) = notes
+    assert note.startswith(f"FlashTensor: could not capture {fn.__name__}: ") and why in note, note
+    assert where(fn, text) in note and note.endswith("the whole function runs in eager PyTorch")
+    assert "u0" not in note and "tensor_fn" not in note, note        # no internal names
+    assert capfd.readouterr().err == ""
+
+
+@pytest.mark.unit
+def test_eager_run_that_tells_errors_apart_leaves_random_numbers_alone():
+    """An untraceable function runs once in eager while capturing; the random state is restored after it."""
+    def noisy_gate(x):
+        if x.max() > 0:
+            x = x + 0.1 * torch.randn(x.shape)
+        return x
+    x = qkv()[0]
+    torch.manual_seed(1)
+    out, program, notes = run(noisy_gate, x)
+    torch.manual_seed(1)
+    assert torch.equal(out, noisy_gate(x)) and len(notes) == 1
+
+
+@pytest.mark.unit
+def test_eager_run_that_tells_errors_apart_writes_into_no_argument():
+    def tame_in_place(scores):
+        if scores.abs().amax() > 1:
+            scores.mul_(0.5)
+        return scores.softmax(dim=-1)
+    scores = qkv()[0] * 4
+    ours, theirs = scores.clone(), scores.clone()
+    out, program, notes = run(tame_in_place, ours)
+    assert_close(out, tame_in_place(theirs))
+    assert torch.equal(ours, theirs) and len(notes) == 1
+
+
+@pytest.mark.unit
+def test_arguments_on_two_devices_run_in_eager_where_eager_runs():
+    def scores(q, k):
+        return torch.softmax(q @ k.transpose(-2, -1), dim=-1)
+    q, k, _ = qkv()
+    out, program, notes = run(scores, q, k.to("meta"))
+    ref = scores(q, k.to("meta"))
+    assert (out.device, out.shape, out.dtype) == (ref.device, ref.shape, ref.dtype)
+    assert notes == ["FlashTensor: could not capture scores: its tensor arguments are on several devices (cpu, "
+                     "meta); the whole function runs in eager PyTorch"]
+
+
+@pytest.mark.unit
+def test_a_capture_bug_costs_speed_not_the_answer(monkeypatch):
+    from flashtensor.frontend import capture as frontend
+
+    def broken(*args):
+        raise KeyError("simulated bug")
+    monkeypatch.setitem(frontend._RULES, torch.ops.aten._softmax.default, broken)
+    q, k, v = qkv()
+    out, program, notes = run(attention_outputs, q, k, v)
+    assert_same(out, attention_outputs(q, k, v))
+    (note,) = notes
+    assert "could not capture attention_outputs: internal compiler error in capture (KeyError" in note
+
+
+# ---- user errors raise eager's own exception -----------------------------------------------------
+
+def mismatched_heads(q, k):
+    return q @ k.transpose(-2, -1)[..., :8, :]
+
+
+def bad_dim(q, k):
+    return torch.softmax(q @ k.transpose(-2, -1), dim=4)
+
+
+def other_device(q, k):
+    """A tensor made on the GPU for inputs on the CPU (eager: no CUDA here, or two devices)."""
+    return q @ k.transpose(-2, -1) + torch.zeros(q.shape[-2], k.shape[-2], device="cuda")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("fn", [mismatched_heads, bad_dim, other_device], ids=lambda f: f.__name__)
+def test_a_program_eager_rejects_raises_eagers_exception(fn, capfd):
+    q, k, _ = qkv()
+    with pytest.raises(Exception) as eager:
+        fn(q, k)
+    with pytest.raises(type(eager.value)) as ours:
+        ft.compile(fn)(q, k)
+    assert type(ours.value) is type(eager.value) and str(ours.value) == str(eager.value)
+    assert ours.value.__notes__ == [f"FlashTensor: raised by {fn.__name__}(q: float32[1, 2, 24, 16] on cpu, "
+                                    "k: float32[1, 2, 24, 16] on cpu) in eager PyTorch"]
+    assert capfd.readouterr().err == ""        # no fake-tensor traceback (it goes to the debug log)
