@@ -16,7 +16,7 @@ import logging
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import torch
 
@@ -30,6 +30,7 @@ from .codegen.spec import KernelSpec
 from .frontend.capture import capture
 from .ir.graph import Graph
 from .ir.loops import LNode, LoopGraph, LOutput
+from .ir.reasons import reason
 from .options import Options
 from .partition.fusable import fusable_part
 from .partition.plan import KernelPlan, PartitionError, check_boundaries, partitions
@@ -117,11 +118,11 @@ def _schedule(plan: Plan, call: Call) -> dict[int, list[Schedule]]:
             out[c] = [build_schedule(p) for p in plans]
         except (ScheduleError, PartitionError) as e:
             log.debug("partition %d rejected: %s", c, e)
-            errors.append(str(e))
+            errors.append(e)
             continue
         _log_plan(c, plans, out[c])
     if not out:
-        raise ScheduleError("; ".join(errors))
+        raise ScheduleError("; ".join(map(str, errors)), causes=[c for e in errors for c in e.causes])
     return out
 
 
@@ -188,8 +189,9 @@ def _run(stages: list[tuple[str, Callable[[Plan, Call], Any]]], plan: Plan, call
 
 # ---- the driver ----------------------------------------------------------------------------------------------
 
-def build(fn: Callable, args: list[Any], options: Options = Options()) -> Program:
-    """Capture `fn` on `args` and plan it. Non-tensor arguments are baked in as constants."""
+def build(fn: Callable, args: list[Any], options: Options = Options(), warned: Optional[set[str]] = None) -> Program:
+    """Capture `fn` on `args` and plan it. Non-tensor arguments are baked in as constants. Each note is warned
+    once per `warned` (the compiled callable's set of notes warned so far)."""
     positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
     returns_tensor = []
 
@@ -213,10 +215,16 @@ def build(fn: Callable, args: list[Any], options: Options = Options()) -> Progra
                      "TRITON_INTERPRET=1); the program runs in eager PyTorch")
     elif options.kernels and plan.stages["fusable"].outputs:
         _plan(plan, call, args, options.cache and knobs.cache())
-    plan.entry["notes"] = notes + plan.entry.get("notes", [])
-    for msg in plan.notes:
-        warnings.warn(f"FlashTensor: {msg}", FallbackWarning, stacklevel=4)
+    plan.entry["notes"] = list(dict.fromkeys(notes + plan.entry.get("notes", [])))
+    _warn(plan.notes, set() if warned is None else warned)
     return Program(plan, positions, returns_tensor[-1], device)
+
+
+def _warn(notes: Iterable[str], warned: set[str]) -> None:
+    for msg in notes:
+        if msg not in warned:
+            warned.add(msg)
+            warnings.warn(f"FlashTensor: {msg}", FallbackWarning, stacklevel=5)
 
 
 def _device(example: Sequence[torch.Tensor]) -> torch.device:
@@ -249,7 +257,7 @@ def _search(plan: Plan, call: Call) -> dict:
     except (LoweringError, PartitionError, ScheduleError) as e:
         log.debug("no fused plan: %s", e)
         return {"kernels": [], "consts": [], "results": [],
-                "notes": [f"no fused plan: {e}; the program runs in eager PyTorch"]}
+                "notes": [f"no fused plan: {reason(e.causes)}; the program runs in eager PyTorch"]}
     except Exception as e:  # a bug in a stage must cost the user speed, not the answer
         log.exception("internal compiler error")
         return {"kernels": [], "consts": [], "results": [],

@@ -19,6 +19,7 @@ class Compiled:
         self.fn = fn
         self.options = options
         self.programs: dict[tuple, Program] = {}
+        self.warned: set[str] = set()      # notes warned about: one FallbackWarning each per callable
         self._lock = threading.Lock()
         functools.update_wrapper(self, fn)
 
@@ -27,7 +28,7 @@ class Compiled:
         with self._lock:
             prog = self.programs.get(key)
             if prog is None:
-                prog = build(self.fn, list(args), self.options)
+                prog = build(self.fn, list(args), self.options, self.warned)
                 self.programs[key] = prog
         return prog
 

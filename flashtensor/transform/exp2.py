@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from ..ir.loops import LNode, LoopGraph, NodeTable, loop_topo, rounds_input, var_union
+from ..ir.loops import LNode, LoopGraph, NodeTable, loop_topo, rounds_input, stamp, var_union
 
 LOG2E = 1.0 / math.log(2.0)
 _HALF = (torch.float16, torch.bfloat16)
@@ -154,6 +154,7 @@ def fold_exp2(g: LoopGraph, through_half: bool) -> LoopGraph:
     feeds = _reductions_under_exp(g, through_half)
     for n in g.nodes:
         f.new[id(n)] = f.rewrite(n, feeds)
+        stamp(f.new[id(n)], n.origin)
     outputs = [type(o)(f.new[id(o.node)], o.dims, o.shape, o.dtype) for o in g.outputs]
     nodes = loop_topo([o.node for o in outputs])
     names = {n.name for n in g.nodes if n.name}
