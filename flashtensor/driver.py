@@ -8,7 +8,8 @@ plan under the stage's name, so explain and the tests can read every stage's res
 policy: each decision lives in the module named for it (analysis/precision.py, codegen/checkplan.py,
 partition/, runtime/autotune.py). The first three stages run for every new signature (the cache's key is
 the decomposed graph); the rest only on a cache miss. Whatever a stage cannot handle runs in eager PyTorch,
-with the reason in the plan's notes and a FallbackWarning.
+with the reason in the plan's notes and a FallbackWarning; a program with nothing fused calls the user's own
+function.
 """
 from __future__ import annotations
 
@@ -217,7 +218,7 @@ def build(fn: Callable, args: list[Any], options: Options = Options(), warned: O
         _plan(plan, call, args, options.cache and knobs.cache())
     plan.entry["notes"] = list(dict.fromkeys(notes + plan.entry.get("notes", [])))
     _warn(plan.notes, set() if warned is None else warned)
-    return Program(plan, positions, returns_tensor[-1], device)
+    return Program(plan, positions, returns_tensor[-1], device, fn)
 
 
 def _warn(notes: Iterable[str], warned: set[str]) -> None:
@@ -256,18 +257,17 @@ def _search(plan: Plan, call: Call) -> dict:
         _run(SEARCH, plan, call)
     except (LoweringError, PartitionError, ScheduleError) as e:
         log.debug("no fused plan: %s", e)
-        return {"kernels": [], "consts": [], "results": [],
-                "notes": [f"no fused plan: {reason(e.causes)}; the program runs in eager PyTorch"]}
+        return {"eager": True, "notes": [f"no fused plan: {reason(e.causes)}; the program runs in eager PyTorch"]}
     except Exception as e:  # a bug in a stage must cost the user speed, not the answer
         log.exception("internal compiler error")
-        return {"kernels": [], "consts": [], "results": [],
-                "notes": [f"internal compiler error ({type(e).__name__}: {e}), please report it; "
-                          "the program runs in eager PyTorch"]}
+        return {"eager": True, "notes": [f"internal compiler error ({type(e).__name__}: {e}), please report it; "
+                                         "the program runs in eager PyTorch"]}
     loops, fused = plan.stages["rewrites"], plan.stages["fusable"]
     chosen, launches = plan.stages["tune"]
     kernels = with_plain_keys([la.source for la in launches], _buffer_keys(loops))
     summary = {"loop form": str(loops), "properties": [describe(s) for s in plan.stages["schedule"][chosen]]}
-    return {"kernels": [encode_kernel(k) for k in kernels], "consts": [c.cpu() for c in plan.stages["constants"]],
+    return {"eager": False, "kernels": [encode_kernel(k) for k in kernels],
+            "consts": [c.cpu() for c in plan.stages["constants"]],
             "results": [(n.name, ("out", i)) for i, n in enumerate(fused.outputs)], "notes": [], "summary": summary}
 
 

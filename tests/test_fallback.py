@@ -1,5 +1,5 @@
-"""Fallback notes a user can act on: the op and source line once, one clause per cause, one warning per
-note per compiled callable (README, Fallback)."""
+"""The fallback is never slower than eager: a program with nothing fused calls the user's own function, and
+every note says once, in the user's terms, what fell back and where (README, Fallback)."""
 import inspect
 import logging
 import re
@@ -10,8 +10,9 @@ import pytest
 import torch
 
 import flashtensor as ft
-from conftest import LINEAR, NOT_YET
+from conftest import LINEAR, NOT_YET, assert_close
 from flashtensor import FallbackWarning, workloads
+from flashtensor.ir import ops
 
 HERE = Path(__file__).name
 INTERNAL = re.compile(r"\b[tv]\d+\b")      # loop-form value and variable names (t41, v714)
@@ -23,9 +24,70 @@ def line_of(fn, text: str) -> str:
     return f"{HERE}:{first + next(i for i, ln in enumerate(lines) if text in ln)}"
 
 
+@pytest.fixture
+def evaluated(monkeypatch) -> list[str]:
+    """Every op the op-by-op evaluator (or an FX step of the remainder) runs, by name; planning never does."""
+    seen: list[str] = []
+    for op, f in list(ops.EVAL.items()):
+        def counted(n, *args, _f=f):
+            seen.append(n.name)
+            return _f(n, *args)
+        monkeypatch.setitem(ops.EVAL, op, counted)
+    return seen
+
+
+def quiet(compiled, *args):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FallbackWarning)
+        return compiled(*args)
+
+
 def program(compiled):
     (prog,) = compiled.programs.values()
     return prog
+
+
+def qkv(*shape, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(*shape, generator=g).to(dtype) for _ in range(3))
+
+
+# ---- nothing fused: the user's function ----------------------------------------------------------
+
+@pytest.mark.unit
+def test_nothing_fused_calls_the_users_function_with_the_calls_arguments(evaluated):
+    """float64 has no fused lowering: each call runs `fn` itself on the very tensors and the Python value of
+    that call (a new value is a new signature, so a new program), and no op of the decomposed graph."""
+    seen = []
+
+    def attn_scaled(q, k, v, scale):
+        seen.append((q, scale))
+        return torch.softmax(q @ k.transpose(-1, -2) * scale, dim=-1) @ v
+
+    q, k, v = qkv(2, 40, 16, dtype=torch.float64)
+    compiled = ft.compile(attn_scaled, cache=False)
+    for scale in (0.25, 0.5, 0.25):
+        out = quiet(compiled, q, k, v, scale)
+        ran = [s for t, s in seen if t is q]
+        assert ran[-1] == scale, ran
+        assert_close(out, torch.softmax(q @ k.transpose(-1, -2) * scale, dim=-1) @ v)
+    assert len([s for t, s in seen if t is q]) == 3 and len(compiled.programs) == 2
+    assert evaluated == []
+    for prog in compiled.programs.values():
+        assert prog.plan.eager and not prog.launches
+        assert any(n.startswith("no fused plan: float64") for n in prog.notes), prog.notes
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", LINEAR)
+def test_linear_attention_runs_as_written(name, evaluated):
+    """EA and SimA find no fused plan: they run as the user wrote them (softmax, normalize, linear), not as
+    the decomposed primitives, and return exactly eager's tensors."""
+    fn, args = workloads.make(name, device="cpu", dtype=torch.float32, **workloads.SMALL)
+    compiled = ft.compile(fn, cache=False)
+    out = quiet(compiled, *args)
+    assert torch.equal(out, fn(*args))
+    assert evaluated == [] and program(compiled).plan.eager
 
 
 # ---- notes a user can act on ---------------------------------------------------------------------
