@@ -39,6 +39,7 @@ from .runtime import cache as plan_cache
 from .runtime.autotune import timed, tune
 from .runtime.launch import Launch, input_buffers
 from .runtime.plan import Plan, Program
+from .runtime.remainder import compiles_remainder
 from .schedule.describe import describe
 from .schedule.schedule import MAX_WHOLE, Schedule, ScheduleError, build_schedule, schedulable
 from .transform.decompose import decompose
@@ -218,7 +219,8 @@ def build(fn: Callable, args: list[Any], options: Options = Options(), warned: O
         _plan(plan, call, args, options.cache and knobs.cache())
     plan.entry["notes"] = list(dict.fromkeys(notes + plan.entry.get("notes", [])))
     _warn(plan.notes, set() if warned is None else warned)
-    return Program(plan, positions, returns_tensor[-1], device, fn)
+    return Program(plan, positions, returns_tensor[-1], device, fn,
+                   compiles_remainder(device, options.compile_remainder))
 
 
 def _warn(notes: Iterable[str], warned: set[str]) -> None:

@@ -1,13 +1,16 @@
-"""The fallback is never slower than eager: a program with nothing fused calls the user's own function, and
-every note says once, in the user's terms, what fell back and where (README, Fallback)."""
+"""The fallback is never slower than eager: a program with nothing fused calls the user's own function, a
+partly fused one runs its remainder through torch.compile where that pays, and every note says once, in the
+user's terms, what fell back and where (README, Fallback)."""
 import inspect
 import logging
+import math
 import re
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import flashtensor as ft
 from conftest import LINEAR, NOT_YET, assert_close
@@ -88,6 +91,57 @@ def test_linear_attention_runs_as_written(name, evaluated):
     out = quiet(compiled, *args)
     assert torch.equal(out, fn(*args))
     assert evaluated == [] and program(compiled).plan.eager
+
+
+# ---- the remainder of a partly fused plan --------------------------------------------------------
+
+def attention_then_running_total(q, k, v):
+    o = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1) @ v
+    c = torch.cumsum(o, dim=-1)                   # no lowering: it and the rest run in eager
+    return torch.softmax(c * 0.5, dim=-1) + F.normalize(c, dim=-1)
+
+
+def test_remainder_is_evaluated_on_the_cpu(evaluated):
+    """On the CPU (the interpreter) the remainder runs in the evaluator; kernels still compute the attention."""
+    q, k, v = qkv(2, 48, 16)
+    compiled = ft.compile(attention_then_running_total, cache=False)
+    assert_close(quiet(compiled, q, k, v), attention_then_running_total(q, k, v))
+    prog = program(compiled)
+    assert prog.launches and prog.remainder.compiled is None
+    assert "opaque" in evaluated
+
+
+def test_remainder_runs_through_torch_compile_once_per_plan(monkeypatch):
+    """compile_remainder=True (the default on CUDA devices): the remainder is one torch.compile'd FX graph,
+    compiled on the plan's first call and reused by later calls, never the evaluator; the answer is eager's."""
+    from torch._dynamo.utils import counters
+
+    from flashtensor.runtime import remainder
+    monkeypatch.setattr(remainder, "evaluate", lambda *a: pytest.fail("the evaluator ran"))
+    compiled = ft.compile(attention_then_running_total, cache=False, compile_remainder=True)
+    counters.clear()
+    for seed in range(3):
+        q, k, v = qkv(2, 48, 16, seed=seed)
+        assert_close(quiet(compiled, q, k, v), attention_then_running_total(q, k, v))
+    prog = program(compiled)
+    assert prog.launches and prog.remainder.compiled is not None
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+
+
+def test_remainder_falls_back_to_the_evaluator_where_torch_compile_fails(evaluated, caplog):
+    q, k, v = qkv(2, 48, 16)
+    compiled = ft.compile(attention_then_running_total, cache=False, compile_remainder=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FallbackWarning)
+        prog = compiled.program_for((q, k, v))
+
+    def broken(*args):
+        raise RuntimeError("simulated Inductor failure")
+    prog.remainder.compiled = broken
+    with caplog.at_level(logging.ERROR, logger="flashtensor"):
+        assert_close(compiled(q, k, v), attention_then_running_total(q, k, v))
+    assert prog.remainder.compiled is None and "torch.compile of the eager remainder failed" in caplog.text
+    assert "opaque" in evaluated
 
 
 # ---- notes a user can act on ---------------------------------------------------------------------

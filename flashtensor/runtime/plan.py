@@ -3,9 +3,9 @@
 The driver fills a `Plan` stage by stage; what launching needs, and what `explain` shows of the
 search (the loop form's text, each kernel's properties), is plain data in `Plan.entry`, which the
 on-disk cache stores, so a plan read back in a new process launches and explains like a searched one.
-A `Program` is built once from a plan and never changes: it launches the kernels and evaluates what
-runs in eager PyTorch; a plan with nothing fused calls the user's own function, since the decomposed graph
-evaluated op by op is slower than the ops the user wrote.
+A `Program` is built once from a plan and never changes: it launches the kernels and runs what is left
+in eager PyTorch (runtime/remainder.py); a plan with nothing fused calls the user's own function, since
+the decomposed graph evaluated op by op is slower than the ops the user wrote.
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..codegen.artifact import KernelSource, decode_kernel
-from ..ir.evaluate import evaluate
-from ..ir.graph import Graph, Node, topo_order
+from ..ir.graph import Graph, Node
 from .launch import Launch, load_kernel, run_kernels
+from .remainder import Remainder
 
 
 @dataclass
@@ -57,12 +57,11 @@ class Plan:
 
 
 class Program:
-    """Runs a plan: the kernels, then the ops that run in eager PyTorch, in an order fixed at construction;
-    or, with nothing fused, `fn` (the user's function) on the call's own arguments. A program serves one
-    argument signature, non-tensor values included."""
+    """Runs a plan: the kernels, then the eager remainder; or, with nothing fused, `fn` (the user's function)
+    on the call's own arguments. A program serves one argument signature, non-tensor values included."""
 
     def __init__(self, plan: Plan, tensor_positions: list[int], single_output: bool, device: torch.device,
-                 fn: Callable) -> None:
+                 fn: Callable, compile_remainder: bool = False) -> None:
         self.plan = plan
         self.fn = fn
         self.tensor_positions = tensor_positions     # which call arguments are the graph's tensor inputs
@@ -73,7 +72,7 @@ class Program:
         self.consts = [c.to(device) for c in plan.entry.get("consts", [])]
         self.launches = [Launch(k, load_kernel(k)) for k in self.kernels]
         self.results: list[tuple[Node, tuple]] = [(nodes[name], k) for name, k in plan.entry.get("results", [])]
-        self.order = topo_order(g.outputs, stop=set(g.inputs) | {n for n, _ in self.results})
+        self.remainder = None if plan.eager else Remainder(g, [n for n, _ in self.results], compile_remainder)
 
     @property
     def notes(self) -> list[str]:
@@ -84,10 +83,9 @@ class Program:
         return self.plan.cached
 
     def run(self, args: Sequence[Any]) -> Any:
-        if self.plan.eager:
+        if self.remainder is None:
             return self.fn(*args)
         tensors = [args[i] for i in self.tensor_positions]
         bufs = run_kernels(self.launches, list(tensors) + self.consts, tensors[0].device)
-        env = {n: bufs[k] for n, k in self.results}
-        outs = evaluate(self.plan.decomposed, tensors, env, self.order)
+        outs = self.remainder(tensors, {n: bufs[k] for n, k in self.results})
         return outs[0] if self.single_output else tuple(outs)
