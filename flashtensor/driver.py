@@ -33,7 +33,7 @@ from .ir.graph import Graph
 from .ir.loops import LNode, LoopGraph, LOutput
 from .ir.reasons import reason
 from .options import Options
-from .partition.fusable import fusable_part
+from .partition.fusable import eager_handoff, fusable_part
 from .partition.plan import KernelPlan, PartitionError, check_boundaries, partitions
 from .runtime import cache as plan_cache
 from .runtime.autotune import timed, tune
@@ -211,12 +211,16 @@ def build(fn: Callable, args: list[Any], options: Options = Options(), warned: O
     _run(FRONT, plan, call)
     notes = [f"no lowering for {n.attrs['fn']} at {n.source or 'unknown source'}; it and what depends on it run "
              "in eager PyTorch" for n in plan.captured.nodes if n.op == "opaque"]
-    device = call.device
+    device, fused = call.device, plan.stages["fusable"]
     if options.kernels and not (device.type == "cuda" or (device.type == "cpu" and knobs.interpret())):
         notes.append(f"inputs on {device}: generated kernels run on CUDA devices (on the CPU only under "
                      "TRITON_INTERPRET=1); the program runs in eager PyTorch")
-    elif options.kernels and plan.stages["fusable"].outputs:
-        _plan(plan, call, args, options.cache and knobs.cache())
+    elif options.kernels and fused.outputs:
+        handoff = eager_handoff(plan.decomposed, fused)
+        if handoff:
+            notes.append(handoff)
+        else:
+            _plan(plan, call, args, options.cache and knobs.cache())
     plan.entry["notes"] = list(dict.fromkeys(notes + plan.entry.get("notes", [])))
     _warn(plan.notes, set() if warned is None else warned)
     return Program(plan, positions, returns_tensor[-1], device, fn,

@@ -1,6 +1,7 @@
 """The fallback is never slower than eager: a program with nothing fused calls the user's own function, a
-partly fused one runs its remainder through torch.compile where that pays, and every note says once, in the
-user's terms, what fell back and where (README, Fallback)."""
+partly fused one runs its remainder through torch.compile where that pays, a plan that would hand eager a
+score-sized value is not taken, and every note says once, in the user's terms, what fell back and where
+(README, Fallback)."""
 import inspect
 import logging
 import math
@@ -142,6 +143,49 @@ def test_remainder_falls_back_to_the_evaluator_where_torch_compile_fails(evaluat
         assert_close(compiled(q, k, v), attention_then_running_total(q, k, v))
     assert prog.remainder.compiled is None and "torch.compile of the eager remainder failed" in caplog.text
     assert "opaque" in evaluated
+
+
+# ---- a score-sized value handed to eager: the whole program as written ---------------------------
+
+def scores_through_nan_to_num(q, k, v):
+    s = torch.nan_to_num(q @ k.transpose(-1, -2), nan=0.0)     # no lowering, reads the S x S scores
+    return torch.softmax(s, dim=-1) @ v
+
+
+@pytest.mark.unit
+def test_handing_eager_a_score_sized_value_runs_the_whole_program(evaluated):
+    seen = []
+
+    def fn(q, k, v):
+        seen.append(q)
+        return scores_through_nan_to_num(q, k, v)
+
+    q, k, v = qkv(2, 64, 16)
+    compiled = ft.compile(fn, cache=False)
+    assert_close(quiet(compiled, q, k, v), scores_through_nan_to_num(q, k, v))
+    prog = program(compiled)
+    assert any(t is q for t in seen) and evaluated == [] and prog.plan.eager and not prog.launches
+    where = line_of(scores_through_nan_to_num, "torch.nan_to_num(")
+    (opaque,) = [n for n in prog.plan.captured.nodes if n.op == "opaque"]
+    (matmul,) = [n for n in prog.plan.decomposed.nodes if n.op == "matmul" and n.shape == (2, 64, 64)]
+    assert prog.notes == [
+        f"no lowering for aten.nan_to_num.default at {opaque.source}; it and what depends on it run in eager "
+        "PyTorch",
+        f"no fused plan: the kernels would hand eager PyTorch a [2, 64, 64] intermediate (matmul at "
+        f"{matmul.source}), larger than every input and output; the whole program runs in eager PyTorch"], prog.notes
+    assert where in opaque.source and where in matmul.source
+
+
+def test_a_thin_value_handed_to_eager_still_fuses():
+    """Column sums (H x S) handed to cumsum are no larger than the inputs: the attention stays fused."""
+    def fn(q, k, v):
+        p = torch.softmax(q @ k.transpose(-1, -2), dim=-1)
+        return p @ v, torch.cumsum(p.sum(dim=-2), dim=-1)
+
+    q, k, v = qkv(2, 64, 16)
+    compiled = ft.compile(fn, cache=False)
+    assert_close(quiet(compiled, q, k, v), fn(q, k, v))
+    assert program(compiled).launches and not program(compiled).plan.eager
 
 
 # ---- notes a user can act on ---------------------------------------------------------------------
