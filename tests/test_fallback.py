@@ -1,7 +1,7 @@
 """The fallback is never slower than eager: a program with nothing fused calls the user's own function, a
 partly fused one runs its remainder through torch.compile where that pays, a plan that would hand eager a
-score-sized value is not taken, and every note says once, in the user's terms, what fell back and where
-(README, Fallback)."""
+score-sized value or run one program per element of a matmul is not taken, and every note says once, in the
+user's terms, what fell back and where (README, Fallback)."""
 import inspect
 import logging
 import math
@@ -186,6 +186,51 @@ def test_a_thin_value_handed_to_eager_still_fuses():
     compiled = ft.compile(fn, cache=False)
     assert_close(quiet(compiled, q, k, v), fn(q, k, v))
     assert program(compiled).launches and not program(compiled).plan.eager
+
+
+# ---- pathological plans are not taken ------------------------------------------------------------
+
+def cosine_scores(q, k):
+    return F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-1, -2)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("S", [32, 128])
+def test_cosine_similarity_is_not_one_program_per_score(S, evaluated):
+    """The norms' sums of squares look like contractions that share every variable, so every parallel
+    variable went to the grid: one program per score, the matmul without tl.dot (seconds per call at S=32 in
+    the interpreter, minutes at S=128). The schedule rejects it; the user's function runs, and the note says
+    why."""
+    g = torch.Generator().manual_seed(S)
+    q, k = (torch.randn(1, 2, S, 16, generator=g) for _ in range(2))
+    compiled = ft.compile(cosine_scores, cache=False)
+    with pytest.warns(FallbackWarning) as caught:
+        out = compiled(q, k)
+    assert torch.equal(out, cosine_scores(q, k))
+    prog = program(compiled)
+    assert prog.plan.eager and not prog.launches and evaluated == []
+    (note,) = prog.notes
+    (matmul,) = [n for n in prog.plan.decomposed.nodes if n.op == "matmul"]
+    assert note == ("no fused plan: a matmul that would run one program per element of its result, without "
+                    f"tl.dot (matmul at {matmul.source}); the program runs in eager PyTorch"), note
+    assert line_of(cosine_scores, "F.normalize(q") in note
+    assert [str(w.message) for w in caught] == [f"FlashTensor: {note}"]
+
+
+@pytest.mark.unit
+def test_schedule_rejects_a_matmul_split_one_element_per_program():
+    from flashtensor.frontend.capture import capture
+    from flashtensor.partition.plan import KernelPlan
+    from flashtensor.schedule.schedule import ScheduleError, build_schedule
+    from flashtensor.transform.decompose import decompose
+    from flashtensor.transform.loopform import to_loops
+
+    q, k = torch.randn(1, 2, 32, 16), torch.randn(1, 2, 32, 16)
+    loops, _ = to_loops(decompose(capture(cosine_scores, [q, k])))
+    with pytest.raises(ScheduleError, match="both free variables in the grid") as e:
+        build_schedule(KernelPlan([loops.outputs[0].node]))
+    assert {what for what, _ in e.value.causes} == {
+        "a matmul that would run one program per element of its result, without tl.dot"}
 
 
 # ---- notes a user can act on ---------------------------------------------------------------------

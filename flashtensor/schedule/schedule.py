@@ -215,6 +215,10 @@ def _finish(plan, nodes, compute, boundary, batch, row, loop, whole, role) -> Sc
                 dot_args.add(id(n.args[0]))
                 for f in _chain(n.args[0], boundary):
                     dot_args.add(id(f))
+            elif _per_element(n, boundary, set(batch)):
+                raise ScheduleError(f"{n.name}: a contraction with both free variables in the grid {batch}",
+                                    "a matmul that would run one program per element of its result, without "
+                                    "tl.dot", n.origin)
     for n in compute:
         if id(n) not in dot_args and len(sched.tile_vars(n)) > 2:
             raise ScheduleError(f"{n.name} would need a tile over {sched.tile_vars(n)}",
@@ -222,6 +226,18 @@ def _finish(plan, nodes, compute, boundary, batch, row, loop, whole, role) -> Sc
     if loop is not None:
         _carry(sched, compute, boundary, loop)
     return sched
+
+
+def _per_element(n: LNode, atoms: frozenset, batch: set[Var]) -> bool:
+    """Whether the sum `n` is a contraction (two factors, each with a variable the other lacks, summed over one
+    they share) whose free variables are both split across programs: each program then computes one element
+    of the product from one row of each operand, with no tile to reuse them in and no tl.dot. Cosine
+    similarity did that: its norms' sums of squares look like contractions sharing every variable, so every
+    parallel variable went to the grid (2048 programs at S=32, 18 s per call in the interpreter; a 22-minute
+    first call at S=128). Such a kernel is never better than eager."""
+    k = n.attrs["var"]
+    fs = [set(f.vars) for f, p in factorize(n.args[0], atoms=atoms) if isinstance(f, LNode) and p > 0 and k in f.vars]
+    return any((a - b) & batch and (b - a) & batch for a in fs for b in fs)
 
 
 def _chain(x, atoms: frozenset) -> list[LNode]:
