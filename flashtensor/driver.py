@@ -8,7 +8,8 @@ plan under the stage's name, so explain and the tests can read every stage's res
 policy: each decision lives in the module named for it (analysis/precision.py, codegen/checkplan.py,
 partition/, runtime/autotune.py). The first three stages run for every new signature (the cache's key is
 the decomposed graph); the rest only on a cache miss. Whatever a stage cannot handle runs in eager PyTorch,
-with the reason in the plan's notes and a FallbackWarning.
+with the reason in the plan's notes and a FallbackWarning; a program with nothing fused calls the user's own
+function.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import logging
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import torch
 
@@ -31,13 +32,15 @@ from .codegen.spec import KernelSpec
 from .frontend.capture import capture, fallback_notes
 from .ir.graph import Graph
 from .ir.loops import LNode, LoopGraph, LOutput
+from .ir.reasons import reason
 from .options import Options
-from .partition.fusable import fusable_part
+from .partition.fusable import eager_handoff, fusable_part
 from .partition.plan import KernelPlan, PartitionError, check_boundaries, partitions
 from .runtime import cache as plan_cache
 from .runtime.autotune import timed, tune
 from .runtime.launch import Launch, input_buffers
 from .runtime.plan import Plan, Program
+from .runtime.remainder import compiles_remainder
 from .schedule.describe import describe
 from .schedule.schedule import MAX_WHOLE, Schedule, ScheduleError, build_schedule, schedulable
 from .transform.decompose import decompose
@@ -118,13 +121,13 @@ def _schedule(plan: Plan, call: Call) -> dict[int, list[Schedule]]:
             out[c] = [build_schedule(p) for p in plans]
         except (ScheduleError, PartitionError) as e:
             log.debug("partition %d rejected: %s", c, e)
-            errors.append(str(e))
+            errors.append(e)
             continue
         _log_plan(c, plans, out[c])
         if not timed(call.device):
             break
     if not out:
-        raise ScheduleError("; ".join(errors))
+        raise ScheduleError("; ".join(map(str, errors)), causes=[c for e in errors for c in e.causes])
     return out
 
 
@@ -191,8 +194,9 @@ def _run(stages: list[tuple[str, Callable[[Plan, Call], Any]]], plan: Plan, call
 
 # ---- the driver ----------------------------------------------------------------------------------------------
 
-def build(fn: Callable, args: list[Any], options: Options = Options()) -> Program:
-    """Capture `fn` on `args` and plan it. Non-tensor arguments are baked in as constants."""
+def build(fn: Callable, args: list[Any], options: Options = Options(), warned: Optional[set[str]] = None) -> Program:
+    """Capture `fn` on `args` and plan it. Non-tensor arguments are baked in as constants. Each note is warned
+    once per `warned` (the compiled callable's set of notes warned so far)."""
     positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
 
     @functools.wraps(fn)      # notes and errors name the user's function
@@ -207,16 +211,27 @@ def build(fn: Callable, args: list[Any], options: Options = Options()) -> Progra
     plan = Plan()
     _run(FRONT, plan, call)
     notes = fallback_notes(plan.captured)
-    device = call.device
+    device, fused = call.device, plan.stages["fusable"]
     if options.kernels and not (device.type == "cuda" or (device.type == "cpu" and knobs.interpret())):
         notes.append(f"inputs on {device}: generated kernels run on CUDA devices (on the CPU only under "
                      "TRITON_INTERPRET=1); the program runs in eager PyTorch")
-    elif options.kernels and plan.stages["fusable"].outputs:
-        _plan(plan, call, args, options.cache and knobs.cache())
-    plan.entry["notes"] = notes + plan.entry.get("notes", [])
-    for msg in plan.notes:
-        warnings.warn(f"FlashTensor: {msg}", FallbackWarning, stacklevel=4)
-    return Program(plan, positions, device)
+    elif options.kernels and fused.outputs:
+        handoff = eager_handoff(plan.decomposed, fused)
+        if handoff:
+            notes.append(handoff)
+        else:
+            _plan(plan, call, args, options.cache and knobs.cache())
+    plan.entry["notes"] = list(dict.fromkeys(notes + plan.entry.get("notes", [])))
+    _warn(plan.notes, set() if warned is None else warned)
+    return Program(plan, positions, device, fn,
+                   compiles_remainder(device, options.compile_remainder))
+
+
+def _warn(notes: Iterable[str], warned: set[str]) -> None:
+    for msg in notes:
+        if msg not in warned:
+            warned.add(msg)
+            warnings.warn(f"FlashTensor: {msg}", FallbackWarning, stacklevel=5)
 
 
 def _device(example: Sequence[torch.Tensor]) -> torch.device:
@@ -244,18 +259,17 @@ def _search(plan: Plan, call: Call) -> dict:
         _run(SEARCH, plan, call)
     except (LoweringError, PartitionError, ScheduleError) as e:
         log.debug("no fused plan: %s", e)
-        return {"kernels": [], "consts": [], "results": [],
-                "notes": [f"no fused plan: {e}; the program runs in eager PyTorch"]}
+        return {"eager": True, "notes": [f"no fused plan: {reason(e.causes)}; the program runs in eager PyTorch"]}
     except Exception as e:  # a bug in a stage must cost the user speed, not the answer
         log.exception("internal compiler error")
-        return {"kernels": [], "consts": [], "results": [],
-                "notes": [f"internal compiler error ({type(e).__name__}: {e}), please report it; "
-                          "the program runs in eager PyTorch"]}
+        return {"eager": True, "notes": [f"internal compiler error ({type(e).__name__}: {e}), please report it; "
+                                         "the program runs in eager PyTorch"]}
     loops, fused = plan.stages["rewrites"], plan.stages["fusable"]
     chosen, launches = plan.stages["tune"]
     kernels = with_plain_keys([la.source for la in launches], _buffer_keys(loops))
     summary = {"loop form": str(loops), "properties": [describe(s) for s in plan.stages["schedule"][chosen]]}
-    return {"kernels": [encode_kernel(k) for k in kernels], "consts": [c.cpu() for c in plan.stages["constants"]],
+    return {"eager": False, "kernels": [encode_kernel(k) for k in kernels],
+            "consts": [c.cpu() for c in plan.stages["constants"]],
             "results": [(n.name, ("out", i)) for i, n in enumerate(fused.outputs)], "notes": [], "summary": summary}
 
 

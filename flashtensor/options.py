@@ -33,6 +33,8 @@ class Options:
     fixup_programs: int = 264          # programs of the fixup pass (two per SM of an H100 or H200)
     cache: bool = True                 # read and write the on-disk plan cache (also FLASHTENSOR_CACHE=0)
     kernels: bool = True               # False: stop after decomposition, run everything in eager
+    # torch.compile what a partly fused plan runs in eager (None: on CUDA devices only; runtime/remainder.py)
+    compile_remainder: Optional[bool] = None
 
     @classmethod
     def make(cls, **fields: Any) -> "Options":
@@ -48,4 +50,4 @@ class Options:
 
     def key(self) -> str:
         """What of these options changes a plan (the cache's part of the key)."""
-        return repr(dataclasses.replace(self, cache=True))
+        return repr(dataclasses.replace(self, cache=True, compile_remainder=None))

@@ -59,7 +59,7 @@ def each_partition(run) -> int:
 
 # linear attention: no fused plan yet, for this reason (README, Status)
 LINEAR = ("ea", "sima")
-NOT_YET = "a sum over a three-variable product that is not a contraction"
+NOT_YET = "a sum over a product of three loop variables that is not a contraction"
 
 
 def runs_eagerly_for_the_known_reason(programs) -> None:

@@ -28,6 +28,7 @@ class Compiled:
         # per key: the tensors the plan baked in, with their versions then, and whether any requires grad
         self._baked: dict[tuple, tuple[list[tuple[torch.Tensor, int]], bool]] = {}
         self._guards = Guards(fn)
+        self.warned: set[str] = set()      # notes warned about: one FallbackWarning each per callable
         self._lock = threading.Lock()
         self._warned_grad = False
         self._changed = 0           # builds in a row whose trace changed what the function reads
@@ -66,7 +67,7 @@ class Compiled:
             key = self._guards.key(call)
             prog = self.programs.get(key)
             if prog is None or not self._fresh(key):
-                prog = build(self._guards.flat(call.spec), call.leaves, self.options)
+                prog = build(self._guards.flat(call.spec), call.leaves, self.options, self.warned)
                 baked = {id(v): v for n in prog.plan.captured.nodes for v in n.attrs.values()
                          if isinstance(v, torch.Tensor)}
                 self._baked[key] = ([(t, version(t)) for t in baked.values()],

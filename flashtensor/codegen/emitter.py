@@ -122,7 +122,7 @@ class Emitter(Tiles):
             return out, tv
         if op == "reduce":
             return self.tile_reduce(n, ctx, lines, out)
-        raise ScheduleError(f"no Triton lowering for op '{op}'")
+        raise ScheduleError(f"no Triton lowering for op '{op}'", where=n.origin)
 
     def full(self, e: str, xs: Sequence[object], tv: list[Var], ctx: Body) -> str:
         """`e`, computed from the values xs, as a tile over all of tv: constants in place of values that

@@ -139,7 +139,8 @@ def loop_body(em: Emitter, ctx: Body, accs: list[Accum], running: dict) -> None:
             continue
         xt = [v for v in s.order if any(isinstance(f, LNode) and v in f.vars for f, _ in a.kept)]
         if L not in xt:
-            raise ScheduleError(f"{a.node.name}: summand does not vary along the loop")
+            raise ScheduleError(f"{a.node.name}: summand does not vary along the loop",
+                                "a sum whose summand does not vary along the loop", a.node.origin)
         e = em.full(em.product(a.kept, xt, ctx, ctx.lines), [f for f, _ in a.kept], xt, ctx)
         for i in [i for i, (_, wt) in ctx.witness.items() if wt == xt]:   # one sum carries both
             e = f"_with_check({e}, {ctx.witness.pop(i)[0]}, MODE == 0)"

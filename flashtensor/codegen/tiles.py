@@ -73,7 +73,8 @@ class Tiles(abc.ABC):
             return expr
         if len(have) == 1 and len(want) == 2:
             return f"{expr}[:, None]" if want.index(have[0]) == 0 else f"{expr}[None, :]"
-        raise ScheduleError(f"cannot broadcast a tile over {have} to {want}")
+        raise ScheduleError(f"cannot broadcast a tile over {have} to {want}",
+                            "a value that cannot be broadcast to its kernel's tile")
 
     def affine(self, e: Affine, tv: list[Var]) -> str:
         parts = [(f"{c} * " if c != 1 else "") + self.idx(v, tv) for v, c in e.terms]

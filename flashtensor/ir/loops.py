@@ -80,6 +80,7 @@ class LNode:
     vars: tuple[Var, ...]        # the variables this value depends on, by id
     attrs: dict = field(default_factory=dict)
     name: str = ""
+    origin: str = ""             # the graph op and user source line it comes from, for notes (see `stamp`)
 
     def __post_init__(self) -> None:
         self.op = Op(self.op)
@@ -127,6 +128,17 @@ def loop_topo(roots: Sequence[LNode], stop: set[LNode] | frozenset = frozenset()
     for r in roots:
         visit(r)
     return order
+
+
+def stamp(node: LNode, origin: str) -> None:
+    """Give `node` and the nodes it reads that have no origin yet this one: a lowering or rewrite calls it on
+    what it produced, so every node names the op it comes from (never part of a node's identity)."""
+    stack = [node] if origin else []
+    while stack:
+        n = stack.pop()
+        if not n.origin:
+            n.origin = origin
+            stack += n.inputs
 
 
 class NodeTable:

@@ -1,7 +1,12 @@
-"""The part of a program that can become kernels: everything not downstream of an op that runs in eager."""
+"""The part of a program that can become kernels: everything not downstream of an op that runs in eager, and
+whether running it as kernels beats running the whole program as written."""
 from __future__ import annotations
 
+import math
+from typing import Optional
+
 from ..ir.graph import Graph, Node, topo_order
+from ..ir.reasons import place
 
 
 def fusable_part(g: Graph) -> Graph:
@@ -19,3 +24,19 @@ def fusable_part(g: Graph) -> Graph:
     outs = [o for o in dict.fromkeys(outs) if o.op not in ("input", "full", "iota", "const")]
     keep = set(topo_order(outs))
     return Graph(g.inputs, outs, [n for n in g.nodes if n in keep])
+
+
+def eager_handoff(g: Graph, fused: Graph) -> Optional[str]:
+    """Why the whole program should run as written instead of partly in kernels, or None. A value the kernels
+    would hand to the eager remainder that is larger than every input and output of the program (an Sq x Sk
+    score matrix feeding an op without a lowering) is written to memory as eager writes it, the rule
+    check_boundaries applies between kernels (docs/design.md §3.4): the kernels then save nothing, and the
+    remainder, evaluated from the decomposed graph, costs more than the user's own ops (0.36x eager on an
+    H200)."""
+    largest = max(math.prod(n.shape) for n in g.inputs + g.outputs)
+    handed = [n for n in fused.outputs if n not in g.outputs and math.prod(n.shape) > largest]
+    if not handed:
+        return None
+    n = max(handed, key=lambda n: math.prod(n.shape))
+    return (f"no fused plan: the kernels would hand eager PyTorch a {list(n.shape)} intermediate ({place(n)}), "
+            "larger than every input and output; the whole program runs in eager PyTorch")

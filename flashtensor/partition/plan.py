@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from ..ir.loops import LNode, LoopGraph, Var, loop_topo
+from ..ir.reasons import NoPlanError
 
 
-class PartitionError(Exception):
+class PartitionError(NoPlanError):
     """No kernel order exists for the partition (the program runs in eager PyTorch)."""
 
 
@@ -152,4 +153,5 @@ def check_boundaries(loops: LoopGraph, plans: list[KernelPlan]) -> None:
     for p in plans:
         for r in p.roots:
             if r not in stored and math.prod(v.extent for v in r.vars) > largest:
-                raise PartitionError(f"plan would pass a {[v.extent for v in r.vars]} intermediate between kernels")
+                what = f"plan would pass a {[v.extent for v in r.vars]} intermediate between kernels"
+                raise PartitionError(what, where=r.origin)

@@ -3,27 +3,29 @@
 The driver fills a `Plan` stage by stage; what launching needs, and what `explain` shows of the
 search (the loop form's text, each kernel's properties), is plain data in `Plan.entry`, which the
 on-disk cache stores, so a plan read back in a new process launches and explains like a searched one.
-A `Program` is built once from a plan and never changes: it launches the kernels and evaluates what
-runs in eager PyTorch.
+A `Program` is built once from a plan and never changes: it launches the kernels and runs what is left
+in eager PyTorch (runtime/remainder.py); a plan with nothing fused calls the user's own function, since
+the decomposed graph evaluated op by op is slower than the ops the user wrote.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from ..codegen.artifact import KernelSource, decode_kernel
-from ..ir.evaluate import evaluate
-from ..ir.graph import Graph, Node, topo_order
+from ..ir.graph import Graph, Node
 from .launch import Launch, load_kernel, run_kernels
+from .remainder import Remainder
 
 
 @dataclass
 class Plan:
     """One function at one argument signature. `stages` maps each stage's name to its output, for the stages
     that ran (a plan from the cache has capture and decompose only); `entry` is the plain-data plan: kernels
-    (as dicts), constants, which buffer holds each fused output, notes, and `summary` for explain."""
+    (as dicts), constants, which buffer holds each fused output, notes, `summary` for explain, and `eager`:
+    True where nothing is fused and the program calls the user's function."""
     stages: dict[str, Any] = field(default_factory=dict)
     entry: dict[str, Any] = field(default_factory=dict)
     cached: bool = False          # the entry was read from the on-disk cache, not searched
@@ -41,6 +43,10 @@ class Plan:
         return self.entry.get("notes", [])
 
     @property
+    def eager(self) -> bool:
+        return self.entry.get("eager", True)
+
+    @property
     def kernels(self) -> list[KernelSource]:
         return [decode_kernel(k) for k in self.entry.get("kernels", [])]
 
@@ -51,10 +57,13 @@ class Plan:
 
 
 class Program:
-    """Runs a plan: the kernels, then the ops that run in eager PyTorch, in an order fixed at construction."""
+    """Runs a plan: the kernels, then the eager remainder; or, with nothing fused, `fn` (the user's function)
+    on the call's own arguments. A program serves one argument signature, non-tensor values included."""
 
-    def __init__(self, plan: Plan, tensor_positions: list[int], device: torch.device) -> None:
+    def __init__(self, plan: Plan, tensor_positions: list[int], device: torch.device, fn: Callable,
+                 compile_remainder: bool = False) -> None:
         self.plan = plan
+        self.fn = fn
         self.tensor_positions = tensor_positions     # which call arguments are the graph's tensor inputs
         g = plan.decomposed
         nodes = {n.name: n for n in g.nodes}
@@ -62,7 +71,7 @@ class Program:
         self.consts = [c.to(device) for c in plan.entry.get("consts", [])]
         self.launches = [Launch(k, load_kernel(k)) for k in self.kernels]
         self.results: list[tuple[Node, tuple]] = [(nodes[name], k) for name, k in plan.entry.get("results", [])]
-        self.order = topo_order(g.outputs, stop=set(g.inputs) | {n for n, _ in self.results})
+        self.remainder = None if plan.eager else Remainder(g, [n for n, _ in self.results], compile_remainder)
 
     @property
     def notes(self) -> list[str]:
@@ -73,10 +82,9 @@ class Program:
         return self.plan.cached
 
     def run(self, args: Sequence[Any]) -> Any:
+        if self.remainder is None:
+            return self.fn(*args)
         tensors = [args[i] for i in self.tensor_positions]
-        env: dict[Node, torch.Tensor] = {}
-        if self.launches:
-            bufs = run_kernels(self.launches, list(tensors) + self.consts, tensors[0].device)
-            env = {n: bufs[k] for n, k in self.results}
-        outs = evaluate(self.plan.decomposed, tensors, env, self.order)
+        bufs = run_kernels(self.launches, list(tensors) + self.consts, tensors[0].device)
+        outs = self.remainder(tensors, {n: bufs[k] for n, k in self.results})
         return self.plan.decomposed.result(outs)

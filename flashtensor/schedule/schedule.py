@@ -21,6 +21,7 @@ import torch
 from ..analysis.facts import IDENTITY, Facts, negate
 from ..analysis.roles import Roles, kernel_nodes, reduction_deps, roles
 from ..ir.loops import Affine, LNode, Var, rounds_input
+from ..ir.reasons import NoPlanError
 from ..partition.plan import KernelPlan
 from . import online
 
@@ -30,8 +31,8 @@ MAX_WHOLE = 256           # largest extent held whole in a tile
 Factor = tuple[Union[LNode, float, int], int]   # (value, power +1 / -1)
 
 
-class ScheduleError(Exception):
-    pass
+class ScheduleError(NoPlanError):
+    """The kernel cannot be scheduled (or emitted); the message names its values, `causes` do not."""
 
 
 @dataclass
@@ -169,7 +170,7 @@ def build_schedule(plan: KernelPlan, loop_choice: Optional[Var] = None) -> Sched
                   for f, _ in factorize(n.args[0], atoms=boundary) if isinstance(f, LNode) and row in f.vars
                   for v in f.vars if v in free and v is not row}
     to_grid = [set(), beside_row, set(free) - {row} - inner]
-    errors = []
+    errors, causes = [], []
     for extra in [e for k, e in enumerate(to_grid) if e not in to_grid[:k]]:
         batch = sorted((parallel & dot_batch) | (parallel - set(free)) | extra, key=lambda v: v.id)
         for loop in candidates:
@@ -179,19 +180,23 @@ def build_schedule(plan: KernelPlan, loop_choice: Optional[Var] = None) -> Sched
             except ScheduleError as e:
                 grid = f", {sorted(extra, key=lambda v: v.id)} in the grid" if extra else ""
                 errors.append(f"loop over {loop}{grid}: {e}")
-    raise ScheduleError("; ".join(errors))
+                causes += e.causes
+    raise ScheduleError("; ".join(errors), causes=causes)
 
 
 def _finish(plan, nodes, compute, boundary, batch, row, loop, whole, role) -> Schedule:
     grid = set(batch) | {row}
     for n in compute:
         if n.op == "reduce" and n.attrs["var"] in grid:
-            raise ScheduleError(f"{n.name} reduces {n.attrs['var']}, which the grid splits across programs")
+            raise ScheduleError(f"{n.name} reduces {n.attrs['var']}, which the grid splits across programs",
+                                "a reduction over an axis that the grid splits across programs", n.origin)
     if any(n.dtype == torch.float64 for n in nodes):
         raise ScheduleError("float64 has no fused lowering (tl.dot accumulates in float32)")
     for v in whole:
         if v.extent > MAX_WHOLE:
-            raise ScheduleError(f"variable {v} of extent {v.extent} would have to be held whole in a tile")
+            raise ScheduleError(f"variable {v} of extent {v.extent} would have to be held whole in a tile",
+                                f"an axis of extent {v.extent} would have to be held whole in a tile "
+                                f"(at most {MAX_WHOLE})")
     if any(v in batch for v in ([loop] if loop else [])):
         raise ScheduleError("loop variable is also a batch variable")
     sched = Schedule(plan, nodes, boundary, batch, row, loop, whole, {}, 1, [], Facts().run(nodes), role, {})
@@ -203,17 +208,36 @@ def _finish(plan, nodes, compute, boundary, batch, row, loop, whole, role) -> Sc
             if len(tv) == 3 and n.attrs["var"] in tv:
                 split = _dot_split(factorize(n.args[0], atoms=boundary), tv, n.attrs["var"])
                 if split is None:
-                    raise ScheduleError(f"{n.name}: a sum over a three-variable product that is not a contraction")
+                    raise ScheduleError(f"{n.name}: a sum over a three-variable product that is not a contraction",
+                                        "a sum over a product of three loop variables that is not a contraction",
+                                        n.origin)
                 sched.dots[n] = split
                 dot_args.add(id(n.args[0]))
                 for f in _chain(n.args[0], boundary):
                     dot_args.add(id(f))
+            elif _per_element(n, boundary, set(batch)):
+                raise ScheduleError(f"{n.name}: a contraction with both free variables in the grid {batch}",
+                                    "a matmul that would run one program per element of its result, without "
+                                    "tl.dot", n.origin)
     for n in compute:
         if id(n) not in dot_args and len(sched.tile_vars(n)) > 2:
-            raise ScheduleError(f"{n.name} would need a tile over {sched.tile_vars(n)}")
+            raise ScheduleError(f"{n.name} would need a tile over {sched.tile_vars(n)}",
+                                "a value outside a matmul would need a tile over three loop variables", n.origin)
     if loop is not None:
         _carry(sched, compute, boundary, loop)
     return sched
+
+
+def _per_element(n: LNode, atoms: frozenset, batch: set[Var]) -> bool:
+    """Whether the sum `n` is a contraction (two factors, each with a variable the other lacks, summed over one
+    they share) whose free variables are both split across programs: each program then computes one element
+    of the product from one row of each operand, with no tile to reuse them in and no tl.dot. Cosine
+    similarity did that: its norms' sums of squares look like contractions sharing every variable, so every
+    parallel variable went to the grid (2048 programs at S=32, 18 s per call in the interpreter; a 22-minute
+    first call at S=128). Such a kernel is never better than eager."""
+    k = n.attrs["var"]
+    fs = [set(f.vars) for f, p in factorize(n.args[0], atoms=atoms) if isinstance(f, LNode) and p > 0 and k in f.vars]
+    return any((a - b) & batch and (b - a) & batch for a in fs for b in fs)
 
 
 def _chain(x, atoms: frozenset) -> list[LNode]:
@@ -257,7 +281,9 @@ def _carry(sched: Schedule, compute: list[LNode], boundary: frozenset[LNode], lo
         if r in sched.dots:
             split = _dot_split(acc.kept, sched.tile_vars(r.args[0]), loop)
             if split is None:
-                raise ScheduleError(f"{r.name}: contraction operands do not separate once factors move out")
+                raise ScheduleError(f"{r.name}: contraction operands do not separate once factors move out",
+                                    "a matmul whose operands do not separate once loop-invariant factors move out "
+                                    "of the sum", r.origin)
             sched.dots[r] = split
     # passes: a dependency carried online shares the pass, any other needs an earlier one
     for r in reds:   # reds are in topological order

@@ -17,19 +17,17 @@ from typing import Callable, Sequence
 import torch
 
 from ..ir.graph import Graph, Node
-from ..ir.loops import Affine, LNode, LoopGraph, LOutput, NodeTable, Var, loop_topo, var_union
+from ..ir.loops import Affine, LNode, LoopGraph, LOutput, NodeTable, Var, loop_topo, stamp, var_union
 from ..ir.ops import BINARY, UNARY, Op
+from ..ir.reasons import NoPlanError, place
 
 
-class LoweringError(Exception):
+class LoweringError(NoPlanError):
     """The program (or one op in it) has no loop-form lowering; the caller falls back."""
 
     def __init__(self, node: Node | None, why: str) -> None:
-        if node is None:
-            where = ""
-        else:
-            where = f" ({node.op} at {node.source})" if node.source else f" ({node.op})"
-        super().__init__(why + where)
+        where = place(node) if node is not None else ""
+        super().__init__(why + (f" ({where})" if where else ""), why, where)
         self.node = node
 
 
@@ -119,7 +117,10 @@ class _Lowerer:
         rule = _LOWER.get(n.op)
         if rule is None:
             raise LoweringError(n, f"op '{n.op}' has no loop-form lowering")
-        return rule(self, n, [self.vals[x] if isinstance(x, Node) else x for x in n.args])
+        lv = rule(self, n, [self.vals[x] if isinstance(x, Node) else x for x in n.args])
+        if n.source:            # an input's loads take the origin of the first op that reads them
+            stamp(lv.node, place(n))
+        return lv
 
     def input(self, n: Node, a: list) -> _LV:
         return self.load(n.attrs["index"], n.shape, n.dtype)
@@ -367,6 +368,7 @@ class Rebuilder:
             args = tuple(self.rebuild(a, sub) if isinstance(a, LNode) else a for a in n.args)
             vars_ = var_union(*(a.vars for a in args if isinstance(a, LNode)))
             out = self.table.get(n.op, args, n.dtype, vars_, dict(n.attrs))
+        stamp(out, n.origin)
         self.memo[key] = out
         return out
 

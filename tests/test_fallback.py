@@ -1,0 +1,278 @@
+"""The fallback is never slower than eager: a program with nothing fused calls the user's own function, a
+partly fused one runs its remainder through torch.compile where that pays, a plan that would hand eager a
+score-sized value or run one program per element of a matmul is not taken, and every note says once, in the
+user's terms, what fell back and where (README, Fallback)."""
+import inspect
+import logging
+import math
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import flashtensor as ft
+from conftest import LINEAR, NOT_YET, assert_close
+from flashtensor import FallbackWarning, workloads
+from flashtensor.ir import ops
+
+HERE = Path(__file__).name
+INTERNAL = re.compile(r"\b[tv]\d+\b")      # loop-form value and variable names (t41, v714)
+
+
+def line_of(fn, text: str) -> str:
+    """'test_fallback.py:N' for the line of fn's source that holds `text`."""
+    lines, first = inspect.getsourcelines(fn)
+    return f"{HERE}:{first + next(i for i, ln in enumerate(lines) if text in ln)}"
+
+
+@pytest.fixture
+def evaluated(monkeypatch) -> list[str]:
+    """Every op the op-by-op evaluator (or an FX step of the remainder) runs, by name; planning never does."""
+    seen: list[str] = []
+    for op, f in list(ops.EVAL.items()):
+        def counted(n, *args, _f=f):
+            seen.append(n.name)
+            return _f(n, *args)
+        monkeypatch.setitem(ops.EVAL, op, counted)
+    return seen
+
+
+def quiet(compiled, *args):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FallbackWarning)
+        return compiled(*args)
+
+
+def program(compiled):
+    (prog,) = compiled.programs.values()
+    return prog
+
+
+def qkv(*shape, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(*shape, generator=g).to(dtype) for _ in range(3))
+
+
+# ---- nothing fused: the user's function ----------------------------------------------------------
+
+@pytest.mark.unit
+def test_nothing_fused_calls_the_users_function_with_the_calls_arguments(evaluated):
+    """float64 has no fused lowering: each call runs `fn` itself on the very tensors and the Python value of
+    that call (a new value is a new signature, so a new program), and no op of the decomposed graph."""
+    seen = []
+
+    def attn_scaled(q, k, v, scale):
+        seen.append((q, scale))
+        return torch.softmax(q @ k.transpose(-1, -2) * scale, dim=-1) @ v
+
+    q, k, v = qkv(2, 40, 16, dtype=torch.float64)
+    compiled = ft.compile(attn_scaled, cache=False)
+    for scale in (0.25, 0.5, 0.25):
+        out = quiet(compiled, q, k, v, scale)
+        ran = [s for t, s in seen if t is q]
+        assert ran[-1] == scale, ran
+        assert_close(out, torch.softmax(q @ k.transpose(-1, -2) * scale, dim=-1) @ v)
+    assert len([s for t, s in seen if t is q]) == 3 and len(compiled.programs) == 2
+    assert evaluated == []
+    for prog in compiled.programs.values():
+        assert prog.plan.eager and not prog.launches
+        assert any(n.startswith("no fused plan: float64") for n in prog.notes), prog.notes
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", LINEAR)
+def test_linear_attention_runs_as_written(name, evaluated):
+    """EA and SimA find no fused plan: they run as the user wrote them (softmax, normalize, linear), not as
+    the decomposed primitives, and return exactly eager's tensors."""
+    fn, args = workloads.make(name, device="cpu", dtype=torch.float32, **workloads.SMALL)
+    compiled = ft.compile(fn, cache=False)
+    out = quiet(compiled, *args)
+    assert torch.equal(out, fn(*args))
+    assert evaluated == [] and program(compiled).plan.eager
+
+
+# ---- the remainder of a partly fused plan --------------------------------------------------------
+
+def attention_then_running_total(q, k, v):
+    o = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1) @ v
+    c = torch.cumsum(o, dim=-1)                   # no lowering: it and the rest run in eager
+    return torch.softmax(c * 0.5, dim=-1) + F.normalize(c, dim=-1)
+
+
+def test_remainder_is_evaluated_on_the_cpu(evaluated):
+    """On the CPU (the interpreter) the remainder runs in the evaluator; kernels still compute the attention."""
+    q, k, v = qkv(2, 48, 16)
+    compiled = ft.compile(attention_then_running_total, cache=False)
+    assert_close(quiet(compiled, q, k, v), attention_then_running_total(q, k, v))
+    prog = program(compiled)
+    assert prog.launches and prog.remainder.compiled is None
+    assert "opaque" in evaluated
+
+
+def test_remainder_runs_through_torch_compile_once_per_plan(monkeypatch):
+    """compile_remainder=True (the default on CUDA devices): the remainder is one torch.compile'd FX graph,
+    compiled on the plan's first call and reused by later calls, never the evaluator; the answer is eager's."""
+    from torch._dynamo.utils import counters
+
+    from flashtensor.runtime import remainder
+    monkeypatch.setattr(remainder, "evaluate", lambda *a: pytest.fail("the evaluator ran"))
+    compiled = ft.compile(attention_then_running_total, cache=False, compile_remainder=True)
+    counters.clear()
+    for seed in range(3):
+        q, k, v = qkv(2, 48, 16, seed=seed)
+        assert_close(quiet(compiled, q, k, v), attention_then_running_total(q, k, v))
+    prog = program(compiled)
+    assert prog.launches and prog.remainder.compiled is not None
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+
+
+def test_remainder_falls_back_to_the_evaluator_where_torch_compile_fails(evaluated, caplog):
+    q, k, v = qkv(2, 48, 16)
+    compiled = ft.compile(attention_then_running_total, cache=False, compile_remainder=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FallbackWarning)
+        prog = compiled.program_for((q, k, v))
+
+    def broken(*args):
+        raise RuntimeError("simulated Inductor failure")
+    prog.remainder.compiled = broken
+    with caplog.at_level(logging.ERROR, logger="flashtensor"):
+        assert_close(compiled(q, k, v), attention_then_running_total(q, k, v))
+    assert prog.remainder.compiled is None and "torch.compile of the eager remainder failed" in caplog.text
+    assert "opaque" in evaluated
+
+
+# ---- a score-sized value handed to eager: the whole program as written ---------------------------
+
+def scores_through_nan_to_num(q, k, v):
+    s = torch.nan_to_num(q @ k.transpose(-1, -2), nan=0.0)     # no lowering, reads the S x S scores
+    return torch.softmax(s, dim=-1) @ v
+
+
+@pytest.mark.unit
+def test_handing_eager_a_score_sized_value_runs_the_whole_program(evaluated):
+    seen = []
+
+    def fn(q, k, v):
+        seen.append(q)
+        return scores_through_nan_to_num(q, k, v)
+
+    q, k, v = qkv(2, 64, 16)
+    compiled = ft.compile(fn, cache=False)
+    assert_close(quiet(compiled, q, k, v), scores_through_nan_to_num(q, k, v))
+    prog = program(compiled)
+    assert any(t is q for t in seen) and evaluated == [] and prog.plan.eager and not prog.launches
+    where = line_of(scores_through_nan_to_num, "torch.nan_to_num(")
+    (opaque,) = [n for n in prog.plan.captured.nodes if n.op == "opaque"]
+    (matmul,) = [n for n in prog.plan.decomposed.nodes if n.op == "matmul" and n.shape == (2, 64, 64)]
+    assert prog.notes == [
+        f"no lowering for aten.nan_to_num.default at {opaque.source}; it and what depends on it run in eager "
+        "PyTorch",
+        f"no fused plan: the kernels would hand eager PyTorch a [2, 64, 64] intermediate (matmul at "
+        f"{matmul.source}), larger than every input and output; the whole program runs in eager PyTorch"], prog.notes
+    assert where in opaque.source and where in matmul.source
+
+
+def test_a_thin_value_handed_to_eager_still_fuses():
+    """Column sums (H x S) handed to cumsum are no larger than the inputs: the attention stays fused."""
+    def fn(q, k, v):
+        p = torch.softmax(q @ k.transpose(-1, -2), dim=-1)
+        return p @ v, torch.cumsum(p.sum(dim=-2), dim=-1)
+
+    q, k, v = qkv(2, 64, 16)
+    compiled = ft.compile(fn, cache=False)
+    assert_close(quiet(compiled, q, k, v), fn(q, k, v))
+    assert program(compiled).launches and not program(compiled).plan.eager
+
+
+# ---- pathological plans are not taken ------------------------------------------------------------
+
+def cosine_scores(q, k):
+    return F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-1, -2)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("S", [32, 128])
+def test_cosine_similarity_is_not_one_program_per_score(S, evaluated):
+    """The norms' sums of squares look like contractions that share every variable, so every parallel
+    variable went to the grid: one program per score, the matmul without tl.dot (seconds per call at S=32 in
+    the interpreter, minutes at S=128). The schedule rejects it; the user's function runs, and the note says
+    why."""
+    g = torch.Generator().manual_seed(S)
+    q, k = (torch.randn(1, 2, S, 16, generator=g) for _ in range(2))
+    compiled = ft.compile(cosine_scores, cache=False)
+    with pytest.warns(FallbackWarning) as caught:
+        out = compiled(q, k)
+    assert torch.equal(out, cosine_scores(q, k))
+    prog = program(compiled)
+    assert prog.plan.eager and not prog.launches and evaluated == []
+    (note,) = prog.notes
+    (matmul,) = [n for n in prog.plan.decomposed.nodes if n.op == "matmul"]
+    assert note == ("no fused plan: a matmul that would run one program per element of its result, without "
+                    f"tl.dot (matmul at {matmul.source}); the program runs in eager PyTorch"), note
+    assert line_of(cosine_scores, "F.normalize(q") in note
+    assert [str(w.message) for w in caught] == [f"FlashTensor: {note}"]
+
+
+@pytest.mark.unit
+def test_schedule_rejects_a_matmul_split_one_element_per_program():
+    from flashtensor.frontend.capture import capture
+    from flashtensor.partition.plan import KernelPlan
+    from flashtensor.schedule.schedule import ScheduleError, build_schedule
+    from flashtensor.transform.decompose import decompose
+    from flashtensor.transform.loopform import to_loops
+
+    q, k = torch.randn(1, 2, 32, 16), torch.randn(1, 2, 32, 16)
+    loops, _ = to_loops(decompose(capture(cosine_scores, [q, k])))
+    with pytest.raises(ScheduleError, match="both free variables in the grid") as e:
+        build_schedule(KernelPlan([loops.outputs[0].node]))
+    assert {what for what, _ in e.value.causes} == {
+        "a matmul that would run one program per element of its result, without tl.dot"}
+
+
+# ---- notes a user can act on ---------------------------------------------------------------------
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", LINEAR)
+def test_no_fused_plan_note_is_one_clause_per_cause_without_internal_names(name, caplog):
+    fn, args = workloads.make(name, device="cpu", dtype=torch.float32, **workloads.SMALL)
+    with caplog.at_level(logging.DEBUG, logger="flashtensor"):
+        with pytest.warns(FallbackWarning) as caught:
+            compiled = ft.compile(fn, cache=False)
+            compiled(*args)
+    (note,) = program(compiled).notes
+    assert [str(w.message) for w in caught] == [f"FlashTensor: {note}"]
+    assert note.startswith(f"no fused plan: {NOT_YET} (") and note.count(NOT_YET) == 1, note
+    assert not INTERNAL.search(note), note
+    source = Path(workloads.__file__).read_text().splitlines()
+    feature = next(i for i, ln in enumerate(source, 1) if ln.lstrip().startswith(f"def {name}(")) + 3
+    linear = next(i for i, ln in enumerate(source, 1) if "qkv = F.linear(" in ln)
+    assert f"workloads.py:{feature}:" in note and f"(matmul at {workloads.__file__}:{linear}:" in note, note
+    assert re.search(r"no fused plan: loop over v\d+: t\d+: a sum over a three-variable product", caplog.text)
+
+
+def sorted_scaled(x):
+    values, order = torch.sort(x, dim=-1)      # two outputs of one op with no lowering
+    return values * 2.0, order
+
+
+@pytest.mark.unit
+def test_one_warning_per_distinct_note_per_compiled_callable():
+    """sort's two outputs are two opaque nodes of one op and line, and a new shape plans again: one warning."""
+    compiled = ft.compile(sorted_scaled, cache=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for shape in ((5, 12), (7, 12), (5, 12)):
+            x = torch.randn(*shape)
+            out = compiled(x)
+            assert all(torch.equal(o, r) for o, r in zip(out, sorted_scaled(x)))
+    messages = [str(w.message) for w in caught if w.category is FallbackWarning]
+    where = line_of(sorted_scaled, "torch.sort(")
+    assert len(messages) == 1 and "aten.sort" in messages[0] and where in messages[0], messages
+    assert len(compiled.programs) == 2
+    assert all(len(p.notes) == 1 for p in compiled.programs.values())
+    with pytest.warns(FallbackWarning, match="aten.sort"):      # another callable warns for itself
+        ft.compile(sorted_scaled, cache=False)(torch.randn(5, 12))
