@@ -14,24 +14,13 @@ from flashtensor.testing import compare_with_exact
 SHAPE = dict(B=1, H=2, S=32, D=16, KV=1)
 DTYPES = ("fp32", "fp16", "bf16")   # bf16 under the interpreter's truncating stores: testing.interpreter_floor
 
-CAT = ("capture raises CaptureError for aten.cat ('takes tensors inside a list; not supported') instead of "
-       "running it in eager PyTorch: a crash where eager runs")
-BOOL_TRI = ("a bool mask by torch.ones(..., dtype=torch.bool).triu/tril: decompose's _tri writes where(keep, x, 0) "
-            "with an int 0, so the mask is int64, not bool; the kernel's tl.where gets an int32 condition (an error "
-            "under pyproject.toml's filterwarnings, as in a later Triton), and the eager fallback taken after that "
-            "internal compiler error crashes in ir/evaluate: torch.where 'expected condition to be a boolean "
-            "tensor, but got a tensor with dtype Long'")
-FAILS = {
-    **{(name, d): BOOL_TRI for name in ("einsum_attention", "gpt_bigcode_mqa", "sigmoid_attention", "nanogpt_causal")
-       for d in DTYPES},
-    **{("gpt_oss_sinks", d): CAT + " (the sink logit concatenated to the scores)" for d in DTYPES},
-    **{("rope_attention", d): CAT + " (rotate_half)" for d in DTYPES},
-}
+# program/dtype pairs that fail today (a strict xfail with the reason observed); none at present
+FAILS: dict[tuple[str, str], str] = {}
 
 # what does not run wholly in kernels today (the notes say why); every other program must stay fused
 NOT_FUSED = {
-    "gpt_oss_sinks": "crashes in capture (cat)",
-    "rope_attention": "crashes in capture (cat)",
+    "gpt_oss_sinks": "partial: no lowering for aten.cat (the sink logit concatenated to the scores)",
+    "rope_attention": "partial: no lowering for aten.cat (rotate_half)",
     "snapkv_window": "partial: no lowering for aten.avg_pool2d (F.avg_pool1d)",
     "tova": "fallback: no lowering for aten.repeat, and no fused plan for the mean over heads",
     "retention": "fallback: no Triton lowering for op 'pow' (gamma ** (i - j))",
