@@ -17,18 +17,18 @@ def _logging() -> None:
     to stderr; off, the log calls cost a level check each. knobs.progress prints one line per tuned kernel
     (logger "flashtensor.progress"): planning on a GPU times every candidate kernel and can take minutes."""
     if knobs.debug():
-        logger = logging.getLogger("flashtensor")
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.DEBUG)
+        _to_stderr("flashtensor", "[%(name)s] %(message)s", logging.DEBUG)
     if knobs.progress():
-        logger = logging.getLogger("flashtensor.progress")
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("flashtensor: %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False     # printed once, also under FLASHTENSOR_DEBUG
+        _to_stderr("flashtensor.progress", "flashtensor: %(message)s", logging.INFO).propagate = False  # once
+
+
+def _to_stderr(name: str, fmt: str, level: int) -> logging.Logger:
+    logger = logging.getLogger(name)
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(fmt))
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    return logger
 
 
 _logging()

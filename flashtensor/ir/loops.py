@@ -295,3 +295,19 @@ def rounds_input(n: LNode) -> bool:
     later ops read the rounded values, so the kernels round it too, in every plan."""
     return n.op == "cast" and n.dtype.is_floating_point and n.args[0].dtype.is_floating_point and \
         not exact_cast(n) and read_input(n.args[0]) is not None
+
+
+def rebuilt(g: LoopGraph, new: dict[int, LNode], prefix: str) -> LoopGraph:
+    """The loop graph whose outputs are `new[id(old output node)]`, with the nodes a rewrite made (no name yet)
+    named prefix0, prefix1, ... in topological order, skipping names `g` uses."""
+    outputs = [LOutput(new[id(o.node)], o.dims, o.shape, o.dtype) for o in g.outputs]
+    nodes = loop_topo([o.node for o in outputs])
+    names = {n.name for n in g.nodes if n.name}
+    k = 0
+    for n in nodes:
+        if not n.name:
+            while f"{prefix}{k}" in names:
+                k += 1
+            n.name = f"{prefix}{k}"
+            names.add(n.name)
+    return LoopGraph(g.inputs, nodes, outputs)

@@ -24,7 +24,7 @@ import math
 import torch
 
 from ..analysis.precision import rounds_sum
-from ..ir.loops import LNode, LoopGraph, NodeTable, loop_topo, rounds_input, stamp, var_union
+from ..ir.loops import LNode, LoopGraph, NodeTable, rebuilt, rounds_input, stamp, var_union
 
 LOG2E = 1.0 / math.log(2.0)
 # the largest constant a fold may create: half float32's range, so the scaled scores it meets in a sum stay finite
@@ -201,14 +201,4 @@ def fold_exp2(g: LoopGraph, through_half: bool) -> LoopGraph:
     for n in g.nodes:
         f.new[id(n)] = f.rewrite(n, feeds)
         stamp(f.new[id(n)], n.origin)
-    outputs = [type(o)(f.new[id(o.node)], o.dims, o.shape, o.dtype) for o in g.outputs]
-    nodes = loop_topo([o.node for o in outputs])
-    names = {n.name for n in g.nodes if n.name}
-    k = 0
-    for n in nodes:
-        if not n.name:
-            while f"t{k}" in names:
-                k += 1
-            n.name = f"t{k}"
-            names.add(n.name)
-    return LoopGraph(g.inputs, nodes, outputs)
+    return rebuilt(g, f.new, "t")

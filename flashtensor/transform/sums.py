@@ -8,7 +8,7 @@ order of float additions. A sum of a product (a contraction) is left as it is.
 """
 from __future__ import annotations
 
-from ..ir.loops import LNode, LoopGraph, NodeTable, loop_topo, var_union
+from ..ir.loops import LNode, LoopGraph, NodeTable, rebuilt, var_union
 
 
 def _scaled_sum(x: object) -> tuple[LNode, list[tuple[str, float]]] | None:
@@ -58,14 +58,4 @@ def commute_sums(g: LoopGraph, through_half: bool) -> LoopGraph:
     changed = any(new[id(n)] is not n for n in g.nodes)
     if not changed:
         return g
-    outputs = [type(o)(new[id(o.node)], o.dims, o.shape, o.dtype) for o in g.outputs]
-    nodes = loop_topo([o.node for o in outputs])
-    names = {n.name for n in g.nodes if n.name}
-    k = 0
-    for n in nodes:
-        if not n.name:
-            while f"s{k}" in names:
-                k += 1
-            n.name = f"s{k}"
-            names.add(n.name)
-    return LoopGraph(g.inputs, nodes, outputs)
+    return rebuilt(g, new, "s")
