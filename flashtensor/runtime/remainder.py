@@ -7,8 +7,9 @@ Inductor fuses the decomposed primitives back (a softmax is five of them), which
 cannot; it emulates eager's rounding of half-precision intermediates. Elsewhere the reference evaluator
 (ir/evaluate.py) runs the nodes one by one: on the CPU the kernels only run in Triton's interpreter, where
 times mean nothing, and Inductor's C++ build would add 10 to 20 s to every plan's first call
-(`Options(compile_remainder=True)` asks for it anyway). Should torch.compile fail, the evaluator takes over for
-good (the reason goes to the debug log): the answer is eager's either way.
+(`Options(compile_remainder=True)` asks for it anyway). Inductor may order a reduction differently from eager,
+within the correctness contract (docs/design.md §6); should torch.compile fail, the evaluator takes over for
+good (the reason goes to the debug log).
 """
 from __future__ import annotations
 
