@@ -45,6 +45,21 @@ def assert_close(out, ref) -> None:
         assert m.ok, f"output {i}: {m.problem}"
 
 
+def compiled_matches_eager(fn, args):
+    """ft.compile(fn, cache=False) called on args (fallback warnings silenced) must match eager; returns the output
+    and the compiled callable."""
+    import warnings
+
+    import flashtensor as ft
+
+    compiled = ft.compile(fn, cache=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = compiled(*args)
+    assert_close(out, fn(*args))
+    return out, compiled
+
+
 def each_partition(run) -> int:
     """Calls run(k) once per candidate partition; run compiles with the option candidate=k, so the search is
     offered only the k-th, and returns the plan (runtime.plan.Plan). On a GPU the search emits and times every

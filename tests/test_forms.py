@@ -3,13 +3,11 @@ Triton shows in the source) and the kernels match eager; with it left out of FOR
 matches eager through the op's own template (or, for a power, runs in eager with the reason)."""
 import math
 import re
-import warnings
 
 import pytest
 import torch
 
-import flashtensor as ft
-from conftest import assert_close
+from conftest import compiled_matches_eager
 from flashtensor import workloads as W
 from flashtensor.codegen import forms
 
@@ -44,12 +42,7 @@ CASES = {
 
 
 def _sources(fn, args):
-    compiled = ft.compile(fn, cache=False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        out = compiled(*args)
-    assert_close(out, fn(*args))
-    plan = compiled.program_for(args).plan
+    plan = compiled_matches_eager(fn, args)[1].program_for(args).plan
     return "\n".join(k.source for k in plan.kernels), plan.notes
 
 

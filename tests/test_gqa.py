@@ -3,13 +3,11 @@ them per kv head (H2O, SnapKV, RoCo; token-importance maps): the mean over the g
 before the column sums in the program, and the kernels sum per head first (transform/sums.py), then over
 the group in a thin kernel (partition/plan.py's nested cut). No Sq x Sk value crosses a kernel boundary."""
 import math
-import warnings
 
 import pytest
 import torch
 
-import flashtensor as ft
-from conftest import assert_close
+from conftest import compiled_matches_eager
 
 B, KV, G, S, D = 2, 2, 3, 70, 16
 
@@ -55,12 +53,7 @@ def test_group_statistics_fuse_with_thin_boundaries(fn, dtype):
     g = torch.Generator().manual_seed(7)
     q = torch.randn(B, KV * G, S, D, generator=g).to(dtype)
     k, v = (torch.randn(B, KV, S, D, generator=g).to(dtype) for _ in range(2))
-    compiled = ft.compile(fn, cache=False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        out = compiled(q, k, v)
-    assert_close(out, fn(q, k, v))
-    prog = compiled.program_for((q, k, v))
+    prog = compiled_matches_eager(fn, (q, k, v))[1].program_for((q, k, v))
     assert prog.launches and not prog.notes, prog.notes
     for kern in prog.kernels:
         for b in kern.buffers:

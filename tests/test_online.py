@@ -1,13 +1,12 @@
 """The online rules (schedule/online.py), each on its own: with a rule left out, the same program still
 matches eager and the loop-form evaluator, its schedule takes the passes the remaining rules allow, and
 what the rule carries (a rescale, a factor moved out of the sum) is gone from the schedule."""
-import warnings
 
 import pytest
 import torch
 
 import flashtensor as ft
-from conftest import assert_close
+from conftest import assert_close, compiled_matches_eager
 from flashtensor import workloads as W
 from flashtensor.ir.loops import evaluate_loops
 from flashtensor.schedule import online
@@ -19,13 +18,8 @@ WITHOUT = {rule.__name__: [r for r in ALL if r is not rule] for rule in ALL}
 def _compile(rules, monkeypatch):
     monkeypatch.setattr(online, "ONLINE_RULES", rules)
     fn, args = W.make("attn", device="cpu", dtype=torch.float32, S=70, H=2, D=16, seed=4)
-    compiled = ft.compile(fn, cache=False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        out = compiled(*args)
-    assert_close(out, fn(*args))
-    plan = compiled.program_for(args).plan
-    loops = plan.stages["rewrites"]
+    out, compiled = compiled_matches_eager(fn, args)
+    loops = compiled.program_for(args).plan.stages["rewrites"]
     assert_close(out, evaluate_loops(loops, list(args))[0].to(out.dtype).reshape(out.shape))
     return ft.explain(compiled, *args).properties[0].loop
 
