@@ -247,30 +247,32 @@ def _plan(plan: Plan, call: Call, args: list[Any], use_cache: bool) -> None:
     entry = plan_cache.load(key) if key else None
     plan.cached = entry is not None
     if entry is None:
-        entry = _search(plan, call)
-        if key and not any(n.startswith("internal compiler error") for n in entry["notes"]):
-            plan_cache.store(key, entry)      # a compiler bug's fallback is not a plan to keep
+        entry, keep = _search(plan, call)
+        if key and keep:
+            plan_cache.store(key, entry)
     plan.entry = entry
 
 
-def _search(plan: Plan, call: Call) -> dict:
-    """The search stages; returns the plan as a cache entry (plain data)."""
+def _search(plan: Plan, call: Call) -> tuple[dict, bool]:
+    """The search stages; returns the plan as a cache entry (plain data), and whether to keep it on disk (not a
+    compiler bug's fallback: the next process should plan again)."""
     try:
         _run(SEARCH, plan, call)
     except (LoweringError, PartitionError, ScheduleError) as e:
         log.debug("no fused plan: %s", e)
-        return {"eager": True, "notes": [f"no fused plan: {reason(e.causes)}; the program runs in eager PyTorch"]}
+        return {"eager": True, "notes": [f"no fused plan: {reason(e.causes)}; the program runs in eager PyTorch"]}, True
     except Exception as e:  # a bug in a stage must cost the user speed, not the answer
         log.exception("internal compiler error")
         return {"eager": True, "notes": [f"internal compiler error ({type(e).__name__}: {e}), please report it; "
-                                         "the program runs in eager PyTorch"]}
+                                         "the program runs in eager PyTorch"]}, False
     loops, fused = plan.stages["rewrites"], plan.stages["fusable"]
     chosen, launches = plan.stages["tune"]
     kernels = with_plain_keys([la.source for la in launches], _buffer_keys(loops))
     summary = {"loop form": str(loops), "properties": [describe(s) for s in plan.stages["schedule"][chosen]]}
     return {"eager": False, "kernels": [encode_kernel(k) for k in kernels],
             "consts": [c.cpu() for c in plan.stages["constants"]],
-            "results": [(n.name, ("out", i)) for i, n in enumerate(fused.outputs)], "notes": [], "summary": summary}
+            "results": [(n.name, ("out", i)) for i, n in enumerate(fused.outputs)], "notes": [],
+            "summary": summary}, True
 
 
 def _log_plan(c: int, plans: list[KernelPlan], schedules: list[Schedule]) -> None:
