@@ -89,6 +89,16 @@ def left_padding(query: Tensor, key: Tensor, value: Tensor, attention_mask: Tens
     return torch.matmul(attn_weights, value_states).transpose(1, 2).contiguous()
 
 
+def masked_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor) -> Tensor:
+    """GQA attention with a bool mask filled with finfo.min (transformers' eager path once a mask is built)."""
+    key_states = repeat_kv(key, query.shape[1] // key.shape[1])
+    value_states = repeat_kv(value, query.shape[1] // value.shape[1])
+    attn_weights = torch.matmul(query, key_states.transpose(2, 3)) / math.sqrt(query.shape[-1])
+    attn_weights = attn_weights.masked_fill(mask, torch.finfo(attn_weights.dtype).min)
+    attn_weights = F.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(attn_weights, value_states).transpose(1, 2).contiguous()
+
+
 def mistral_sliding_window(query: Tensor, key: Tensor, value: Tensor, sliding_window: int) -> Tensor:
     """Mistral's sliding window: a bool mask from aranges, masked_fill with finfo.min (transformers' sliding
     window causal mask, applied in the attention)."""
@@ -96,12 +106,7 @@ def mistral_sliding_window(query: Tensor, key: Tensor, value: Tensor, sliding_wi
     i = torch.arange(q_len, device=query.device)[:, None]
     j = torch.arange(kv_len, device=query.device)[None, :]
     mask = (j > i) | (j <= i - sliding_window)
-    key_states = repeat_kv(key, query.shape[1] // key.shape[1])
-    value_states = repeat_kv(value, query.shape[1] // value.shape[1])
-    attn_weights = torch.matmul(query, key_states.transpose(2, 3)) / math.sqrt(query.shape[-1])
-    attn_weights = attn_weights.masked_fill(mask, torch.finfo(attn_weights.dtype).min)
-    attn_weights = F.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
-    return torch.matmul(attn_weights, value_states).transpose(1, 2).contiguous()
+    return masked_attention(query, key, value, mask)
 
 
 def gemma2_softcap(query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor, scaling: float,
@@ -352,12 +357,7 @@ def prefix_lm(query: Tensor, key: Tensor, value: Tensor, prefix_len: int) -> Ten
     i = torch.arange(q_len, device=query.device)[:, None]
     j = torch.arange(kv_len, device=query.device)[None, :]
     mask = (j > i) & (j >= prefix_len)
-    key_states = repeat_kv(key, query.shape[1] // key.shape[1])
-    value_states = repeat_kv(value, query.shape[1] // value.shape[1])
-    attn_weights = torch.matmul(query, key_states.transpose(2, 3)) / math.sqrt(query.shape[-1])
-    attn_weights = attn_weights.masked_fill(mask, torch.finfo(attn_weights.dtype).min)
-    attn_weights = F.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
-    return torch.matmul(attn_weights, value_states).transpose(1, 2).contiguous()
+    return masked_attention(query, key, value, mask)
 
 
 def linear_elu(queries: Tensor, keys: Tensor, values: Tensor) -> Tensor:
