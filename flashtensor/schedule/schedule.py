@@ -148,11 +148,9 @@ def build_schedule(plan: KernelPlan, loop_choice: Optional[Var] = None) -> Sched
     # batch variables: shared by both operands of a contraction and not contracted
     dot_batch: set[Var] = set()
     for n in compute:
-        if n.op == "reduce" and n.attrs["kind"] == "sum":
-            fs = [f for f, _ in factorize(n.args[0], atoms=boundary) if isinstance(f, LNode)]
-            if len(fs) >= 2:
-                shared = set(fs[0].vars).intersection(*[set(f.vars) for f in fs[1:]])
-                dot_batch |= shared - {n.attrs["var"]}
+        if n.op == "reduce" and n.attrs["kind"] == "sum" and _contraction(n, boundary):
+            fs = [set(f.vars) for f, _ in factorize(n.args[0], atoms=boundary) if isinstance(f, LNode)]
+            dot_batch |= set.intersection(*fs) - {n.attrs["var"]}
     free = [v for v in role.parallel if v not in dot_batch]
     # a parallel variable the kernel also reduces over (a short axis the partition kept inside, or row
     # statistics merged in as roots) is held whole, so it cannot be the grid's row; _finish checks that
@@ -226,6 +224,15 @@ def _finish(plan, nodes, compute, boundary, batch, row, loop, whole, role) -> Sc
     if loop is not None:
         _carry(sched, compute, boundary, loop)
     return sched
+
+
+def _contraction(n: LNode, atoms: frozenset) -> bool:
+    """Whether the sum `n` multiplies two factors that each have a variable the other lacks (a matmul, whose
+    shared free variables are batch). A product whose factors nest, such as p * log(p) summed over a row or
+    q * q for a norm, is elementwise along every variable: treating its shared variables as batch put the
+    query axis in the grid, one program per query row."""
+    fs = [set(f.vars) for f, _ in factorize(n.args[0], atoms=atoms) if isinstance(f, LNode)]
+    return any(a - b and b - a for a in fs for b in fs)
 
 
 def _per_element(n: LNode, atoms: frozenset, batch: set[Var]) -> bool:
