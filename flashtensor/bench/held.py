@@ -1,7 +1,7 @@
 """Check the project's held programs (flashtensor/bench/programs.py) against eager, and time them on a GPU.
 
     python -m flashtensor.bench.held [NAMES...] [--dtypes fp16,bf16] [--shape small|gpu] [--json F] [--rep N] \
-        [--rounds N]
+        [--rounds N] [--no-time]
 
 For each program and dtype: eager runs, `ft.compile` runs, and every output is checked under the contract
 (flashtensor.testing.compare_with_exact, float64 rule included); the plan says whether it fused (every
@@ -149,6 +149,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rep", type=int, default=100, help="do_bench rep, in ms (default %(default)s)")
     p.add_argument("--rounds", type=int, default=3, choices=range(1, 100), metavar="N",
                    help="time each system N times, interleaved; report the median (default %(default)s)")
+    p.add_argument("--no-time", action="store_true",
+                   help="compile and check only: several such processes at once fill Triton's kernel cache, "
+                        "so that one timing process after them compiles nothing")
     return p
 
 
@@ -174,12 +177,12 @@ def main(argv: list[str] | None = None) -> int:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name() if cuda else "cpu (Triton interpreter)",
         "torch": torch.__version__, "triton": triton.__version__, "shape": shape, "dims": SHAPES[shape],
-        "timed": cuda, "rep_ms": args.rep, "rounds": args.rounds, "programs": []}
+        "timed": cuda and not args.no_time, "rep_ms": args.rep, "rounds": args.rounds, "programs": []}
     total = len(names) * len(dtypes)
     for n in names:
         for d in dtypes:
             rec, runs = run_program(n, d, SHAPES[shape], device)
-            if cuda and runs:
+            if cuda and runs and not args.no_time:
                 time_program(rec, runs, args.rep, args.rounds)
             results["programs"].append(rec)
             r = ratio(rec)

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The held programs on a GPU in one command that fits the device tool's 10 minutes: first every program is
+# compiled and checked in JOBS processes at once (`--no-time`), which fills Triton's kernel cache, then one
+# process checks, tunes and times them all on a quiet GPU, compiling nothing. Each phase plans into its own
+# empty plan cache, so the timed phase tunes again rather than reuse plans tuned under contention.
+#
+#     bash scripts/held_gpu.sh [NAMES...] [held options]      (JOBS=8 by default; output as held's)
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PY=${PYTHON:-python}
+JOBS=${JOBS:-8}
+names=()
+for a in "$@"; do [[ $a == -* ]] && break; names+=("$a"); done
+opts=("${@:$((${#names[@]} + 1))}")
+if [ ${#names[@]} -eq 0 ]; then
+    read -r -a names <<< "$($PY -c 'from flashtensor.bench import programs; print(*programs.NAMES)')"
+fi
+warm=$(mktemp -d)
+for ((j = 0; j < JOBS; j++)); do
+    part=()
+    for ((k = j; k < ${#names[@]}; k += JOBS)); do part+=("${names[k]}"); done
+    [ ${#part[@]} -gt 0 ] || continue
+    FLASHTENSOR_CACHE_DIR=$warm/$j $PY -m flashtensor.bench.held "${part[@]}" "${opts[@]}" --no-time \
+        > "$warm/log$j" 2>&1 &
+done
+wait
+grep -h '^\[' "$warm"/log* | sed 's/^/warm: /'
+FLASHTENSOR_CACHE_DIR=$(mktemp -d) $PY -m flashtensor.bench.held "${names[@]}" "${opts[@]}"
