@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -229,19 +229,27 @@ TENSOR = "<tensor>"     # an opaque call's tensor argument, in its `arg_spec` an
 
 def _opaque(n: Any, *args: Any) -> Any:
     """An op the IR does not model: run the captured ATen callable itself on the node's inputs, put back in
-    the places TENSOR marks (lists of tensors included)."""
-    it = iter(args)
-    real = _filled(n.attrs["arg_spec"], it)
-    out = n.attrs["fn"](*real, **{k: _filled(v, it) for k, v in n.attrs["kwargs"].items()})
+    the places TENSOR marks (lists of tensors included). No iterator or generator: Dynamo, which compiles a
+    partial plan's remainder, cannot rebuild one at a graph break."""
+    real, k = _filled(n.attrs["arg_spec"], args, 0)
+    kwargs = {}
+    for name, v in n.attrs["kwargs"].items():
+        kwargs[name], k = _filled(v, args, k)
+    out = n.attrs["fn"](*real, **kwargs)
     return out[n.attrs["index"]] if n.attrs["index"] is not None else out
 
 
-def _filled(a: Any, it: Iterator[Any]) -> Any:
+def _filled(a: Any, args: tuple, k: int) -> tuple[Any, int]:
+    """`a` with its TENSOR marks replaced by args[k], args[k + 1], ...; and the index after the last one used."""
     if isinstance(a, str) and a == TENSOR:
-        return next(it)
+        return args[k], k + 1
     if isinstance(a, (list, tuple)):
-        return type(a)(_filled(x, it) for x in a)
-    return a
+        out = []
+        for x in a:
+            v, k = _filled(x, args, k)
+            out.append(v)
+        return type(a)(out), k
+    return a, k
 
 
 def _unary_eval(f: Callable) -> Callable:
