@@ -1,10 +1,17 @@
 """Precision policy: where the kernels round half-precision values as eager does.
 
-A plan is "faithful" when eager's half-precision rounding of intermediates decides results the contract
-holds tightly: float32 outputs computed from fp16 inputs (1e-4 against rounding eager applies on the
-way), or an input the program casts to fp16 (its zeros and infs are eager's, a log of them). bf16's
-coarser rounding at other points than eager's costs more than it buys, so only fp16 makes a plan
-faithful. A cast of an input that rounds is rounded in every plan (ir.loops.rounds_input).
+Elsewhere a half value's float32 value stands for it: faster, and closer to the exact answer. Eager's rounding
+decides a result, and the kernels reproduce it, in three places:
+
+- a plan is "faithful", rounding every fp16 intermediate, when float32 outputs come from fp16 inputs (their 1e-4
+  contract is tighter than the rounding eager applies on the way) or an input is cast to fp16 (its zeros and
+  infs are eager's, a log of them); bf16's coarser rounding at other points than eager's costs more there
+  than it buys, so only fp16 makes a plan faithful;
+- in every plan, a cast of an input that rounds (ir.loops.rounds_input) and a half sum with a huge finite mask
+  constant (`rounds_sum`);
+- in every plan, the values `decide` marks (`ROUNDS`): a half value whose zero decides a result (the operand
+  cone of a log, a reciprocal or a square root: fp16(p + 1e-9) is 0 where p underflowed, and log gives -inf),
+  and an fp16 value that may overflow where float32 would not (analysis/ranges.py: s * s, s / 1e-3).
 """
 from __future__ import annotations
 
@@ -13,8 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..ir.loops import LNode, LoopGraph, rounds_input
+from ..ir.loops import ROUNDS, LNode, LoopGraph, rounds_input
 from .facts import narrowed_inputs
+from .ranges import Ranges, overflows
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -26,7 +34,9 @@ class Precision:
 
 
 def decide(loops: LoopGraph) -> Precision:
-    """The precision policy of this program's kernels."""
+    """The precision policy of this program's kernels; marks the nodes every plan rounds (`ROUNDS`)."""
+    for n in zero_deciding(loops) + overflows(loops):
+        n.attrs[ROUNDS] = True
     narrowed = narrowed_inputs(loops)
     faithful = (any(o.dtype == torch.float32 for o in loops.outputs) and
                 any(dt == torch.float16 for _, dt in loops.inputs)) or torch.float16 in narrowed.values()
@@ -57,6 +67,61 @@ def rounds_sum(n: LNode) -> bool:
     return n.dtype in _HALF and n.op in ("add", "sub") and any(_mask_like(a, n.dtype) for a in n.args)
 
 
+# a zero argument makes these infinite, or infinitely steep: log(0) = -inf, 1 / 0 = inf, sqrt(1e-9) = 3e-5
+_POLES = ("log", "log2", "log2_approx", "rsqrt", "reciprocal", "sqrt")
+
+
+def _poles(n: LNode, r: Ranges) -> list[LNode]:
+    """The computed arguments of n that may be zero where that is a pole of n (a divisor, a negative power)."""
+    if n.op in _POLES or (n.op == "pow" and not isinstance(n.args[1], LNode) and n.args[1] < 1):
+        args = [n.args[0]]
+    elif n.op == "div":
+        args = [n.args[1]]
+    else:
+        return []
+    return [a for a in args if isinstance(a, LNode) and a.op not in ("load", "scalar") and r.least(a) == 0]
+
+
+def _pole_of(x: object, r: Ranges, half: set[int]) -> bool:
+    """x is a pole's result (through negations and casts) whose argument a half value's rounding may make zero."""
+    while isinstance(x, LNode) and x.op in ("neg", "cast"):
+        x = x.args[0]
+    return isinstance(x, LNode) and any(id(a) in half for a in _poles(x, r))
+
+
+def zero_deciding(g: LoopGraph) -> list[LNode]:
+    """Half values whose exact zero decides a result: the values computed from an argument of a pole that may
+    be zero (one with no positive lower bound: fp16(var + 1e-12) may be 0, a softmax's sum is at least 1), the
+    numerator over such a divisor (0 / 0 is NaN, x / 0 inf), a factor of a pole's result (0 * -inf is NaN: the
+    entropy -p log(p + eps) with p underflowed; a pole of float32 data alone is infinite in eager and kernels
+    alike, and its factors are left as they are). The walk goes back to the loads through every float value,
+    since float32 arithmetic carries a zero of a half value on (a product, a cast); sums are walked through
+    but not rounded: their terms are, and a float32 sum of half values is zero only where eager's is."""
+    r = Ranges(g)
+    half: set[int] = set()      # values computed from half values
+    roots: list[object] = []
+    for n in g.nodes:
+        if (n.dtype in _HALF and n.op not in ("load", "scalar", "iota")) or any(id(a) in half for a in n.inputs):
+            half.add(id(n))
+        ps = _poles(n, r)
+        roots += ps + ([n.args[0]] if ps and n.op == "div" else [])
+        if n.op == "mul":
+            roots += [n.args[i] for i in (0, 1) if _pole_of(n.args[1 - i], r, half)]
+    out: dict[int, LNode] = {}
+    stack = [x for x in roots if isinstance(x, LNode)]
+    while stack:
+        x = stack.pop()
+        if id(x) not in out and x.op not in ("load", "scalar", "iota") and x.dtype.is_floating_point:
+            out[id(x)] = x
+            stack += x.inputs
+    return [x for x in out.values() if x.dtype in _HALF and x.op != "reduce"]
+
+
+def kept(n: LNode) -> bool:
+    """Whether every plan rounds n, faithful or not (the rewrites and the factorisation of sums leave it whole)."""
+    return bool(n.attrs.get(ROUNDS)) or rounds_input(n) or rounds_sum(n)
+
+
 def rounds(n: LNode, faithful: bool) -> bool:
     """Whether the kernels round n to its half type (else its float32 value stands for it, no instruction)."""
-    return (faithful and n.dtype in _HALF) or rounds_input(n) or rounds_sum(n)
+    return (faithful and n.dtype in _HALF) or kept(n)

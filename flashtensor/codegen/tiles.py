@@ -135,10 +135,10 @@ class Tiles(abc.ABC):
         return self.constant(v, region) if v is not None else None
 
     def rounded(self, n: LNode, expr: str) -> str:
-        """Round like eager where the node is half precision, in programs with float32 outputs computed
-        from half inputs: their 1e-4 contract is tighter than the rounding eager applies on the way. A cast
-        of an input that rounds is rounded in every plan, so that dots and elementwise products, in
-        whichever kernel, read the same values."""
+        """expr, n's value in float32, rounded to n's half type where the precision policy says eager's
+        rounding must be reproduced (analysis/precision.py `rounds`: in a faithful plan, and wherever it decides
+        a result); a cast of an input that rounds is rounded in every plan, so that dots and elementwise
+        products, in whichever kernel, read the same values."""
         return round_to(n.dtype, expr) if self.rounds(n) else expr
 
     def rounds(self, n: LNode) -> bool:

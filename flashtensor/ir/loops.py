@@ -172,6 +172,11 @@ def var_union(*groups: Sequence[Var]) -> tuple[Var, ...]:
     return tuple(seen[k] for k in sorted(seen))
 
 
+# the attr of a node that every plan rounds to its half type (analysis/precision.py marks it); rewrites rebuild a
+# node with its attrs, so the mark stays with the value
+ROUNDS = "rounds"
+
+
 def format_node(n: LNode) -> str:
     dt = str(n.dtype).replace("torch.", "")
     if n.op == "load":
@@ -184,7 +189,7 @@ def format_node(n: LNode) -> str:
         body = f"{n.attrs['kind']}_{n.attrs['var']}({n.args[0]!r})"
     else:
         body = f"{n.op}(" + ", ".join(repr(a) for a in n.args) + ")"
-    return f"%{n.name}: {dt}[{', '.join(map(repr, n.vars))}] = {body}"
+    return f"%{n.name}: {dt}[{', '.join(map(repr, n.vars))}] = {body}" + ("  # rounded" if n.attrs.get(ROUNDS) else "")
 
 
 def format_loops(g: LoopGraph) -> str:

@@ -19,8 +19,9 @@ from typing import Optional, Union
 import torch
 
 from ..analysis.facts import IDENTITY, Facts, negate
+from ..analysis.precision import kept
 from ..analysis.roles import Roles, kernel_nodes, reduction_deps, roles
-from ..ir.loops import Affine, LNode, Var, rounds_input
+from ..ir.loops import Affine, LNode, Var
 from ..ir.reasons import NoPlanError
 from ..partition.plan import KernelPlan
 from . import online
@@ -93,15 +94,15 @@ class Schedule:
 def factorize(x: Union[LNode, float, int], power: int = 1, atoms: frozenset = frozenset()) -> list[Factor]:
     """A product as its factors, seeing through mul, div and float casts, but not through `atoms`: the
     values a kernel loads from an earlier one are factors as they stand, since the nodes inside them are
-    not the kernel's. A cast of an input that rounds (float32 q cast to fp16) stays a factor: eager's
-    matmul reads the rounded values, and the dot then takes them in that type."""
-    if isinstance(x, LNode) and x not in atoms:
+    not the kernel's. A value every plan rounds (analysis.precision.kept: float32 q cast to fp16, an fp16
+    product that may overflow) stays a factor: eager's later ops read the rounded values, and a dot then
+    takes them in that type."""
+    if isinstance(x, LNode) and x not in atoms and not kept(x):
         if x.op == "mul":
             return factorize(x.args[0], power, atoms) + factorize(x.args[1], power, atoms)
         if x.op == "div":
             return factorize(x.args[0], power, atoms) + factorize(x.args[1], -power, atoms)
-        if x.op == "cast" and x.dtype.is_floating_point and x.args[0].dtype.is_floating_point and \
-                not rounds_input(x):
+        if x.op == "cast" and x.dtype.is_floating_point and x.args[0].dtype.is_floating_point:
             return factorize(x.args[0], power, atoms)
     return [(x, power)]
 

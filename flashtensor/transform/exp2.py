@@ -23,8 +23,8 @@ import math
 
 import torch
 
-from ..analysis.precision import rounds_sum
-from ..ir.loops import LNode, LoopGraph, NodeTable, rebuilt, rounds_input, stamp, var_union
+from ..analysis.precision import kept
+from ..ir.loops import LNode, LoopGraph, NodeTable, rebuilt, stamp, var_union
 
 LOG2E = 1.0 / math.log(2.0)
 # the largest constant a fold may create: half float32's range, so the scaled scores it meets in a sum stay finite
@@ -55,7 +55,7 @@ class _Folder:
         return self.table.get(op, args, dtype, vs, attrs)
 
     def opaque_to_scaling(self, n: LNode) -> bool:
-        return n.dtype in _HALF and (not self.through_half or rounds_input(n) or rounds_sum(n))
+        return _opaque(n, self.through_half)
 
     def scale(self, x, c: float = LOG2E):
         """x * c, pushed as far down as the rules allow."""
@@ -109,18 +109,23 @@ class _Folder:
     def rewrite(self, n: LNode, feeds_exp: set[int]) -> LNode:
         args = tuple(self.new[id(a)] if isinstance(a, LNode) else a for a in n.args)
         if n.op == "exp" and id(n) in self.unscalable:
-            return self.node("exp2", (self.node("mul", (args[0], LOG2E), args[0].dtype),), n.dtype)
+            return self.node("exp2", (self.node("mul", (args[0], LOG2E), args[0].dtype),), n.dtype, **n.attrs)
         if n.op == "exp":
-            return self.node("exp2", (self.scale(args[0]),), n.dtype)
+            return self.node("exp2", (self.scale(args[0]),), n.dtype, **n.attrs)
         if id(n) in feeds_exp:
             # a max or min under an exp: kept over the scaled values; its other readers divide back
-            red = self.node("reduce", (self.scale(args[0]),), n.dtype, kind=n.attrs["kind"], var=n.attrs["var"])
+            red = self.node("reduce", (self.scale(args[0]),), n.dtype, **n.attrs)
             out = self.node("mul", (red, 1.0 / LOG2E), n.dtype)
             self.scaled[id(out)] = red
             return out
         if all(x is y for x, y in zip(args, n.args)):
             return n
         return self.node(n.op, args, n.dtype, **n.attrs)
+
+
+def _opaque(x: LNode, through_half: bool) -> bool:
+    """A half value the factor stops at: the kernels round it (in this plan, or in every plan)."""
+    return x.dtype in _HALF and (not through_half or kept(x))
 
 
 def _residual(x) -> tuple:
@@ -145,7 +150,7 @@ def _largest(x, c: float, through_half: bool) -> float:
     if not isinstance(x, LNode):
         return _finite(float(x), c) if not isinstance(x, bool) else 0.0
     op, a = x.op, x.args
-    if not x.dtype.is_floating_point or (x.dtype in _HALF and (not through_half or rounds_input(x) or rounds_sum(x))):
+    if not x.dtype.is_floating_point or _opaque(x, through_half):
         return 0.0
     if op == "scalar":
         return _finite(float(x.attrs["value"]), c)
@@ -177,7 +182,7 @@ def _reductions_under_exp(g: LoopGraph, through_half: bool, exps: set[int]) -> s
     seen: set[int] = set()
     while stack:
         x = stack.pop()
-        if not isinstance(x, LNode) or id(x) in seen or (x.dtype in _HALF and not through_half):
+        if not isinstance(x, LNode) or id(x) in seen or _opaque(x, through_half):
             continue
         seen.add(id(x))
         if x.op == "reduce" and x.attrs["kind"] in ("max", "min"):

@@ -1,0 +1,157 @@
+"""Half-precision rounding where it decides a result (analysis/precision.py, analysis/ranges.py): the rule on
+loop graphs (which values every plan rounds), the emitter's rounding in the interpreter, and programs written
+as research code writes them, in fp16, whose eager result an underflow or an overflow decides."""
+import importlib
+import math
+
+import pytest
+import torch
+
+from conftest import compiled_matches_eager
+from flashtensor import workloads
+from flashtensor.analysis.precision import decide
+from flashtensor.codegen.lower import round_to
+from flashtensor.frontend.capture import capture
+from flashtensor.ir.loops import ROUNDS
+from flashtensor.partition.fusable import fusable_part
+from flashtensor.transform.decompose import decompose
+from flashtensor.transform.loopform import to_loops
+
+
+def _causal(s):
+    return torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool, device=s.device).triu(1)
+
+
+def attention_entropy(q, k, v):
+    """Attention and the entropy of each row with an epsilon, all in fp16: fp16(p + 1e-9) is 0 where p is,
+    so eager's entropy is NaN on every row with a masked key (0 * log 0)."""
+    s = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(_causal(q @ k.transpose(-1, -2)),
+                                                                         float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    return p @ v, -(p * torch.log(p + 1e-9)).sum(-1)
+
+
+def normed_scores(q, k):
+    """Scores layer-normed over the keys with BERT's eps of 1e-12, which is 0 in fp16: a row of zero scores
+    (a zeroed padding query) has variance 0, rsqrt(0) = inf, and 0 * inf = NaN in eager."""
+    s = q @ k.transpose(-1, -2)
+    x = s - s.mean(-1, keepdim=True)
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-12)
+
+
+def squared_scores(q, k, v):
+    """A softmax over squared scores: s * s past 65504 is inf in fp16, and the row's softmax NaN."""
+    s = q @ k.transpose(-1, -2)
+    return torch.softmax((s * s).float(), dim=-1).to(q.dtype) @ v
+
+
+def sharp_softmax(q, k, v, tau=1e-3):
+    """A softmax at a small temperature: s / 1e-3 past 65504 is inf in fp16."""
+    s = q @ k.transpose(-1, -2) / tau
+    return torch.softmax(s.float(), dim=-1).to(q.dtype) @ v
+
+
+def inverse_distance(q, k):
+    """Weights 1 / (d + eps) normalised over the keys: at d = 0, 1 / 1e-6 is inf in fp16 and the row NaN."""
+    s = q @ k.transpose(-1, -2)
+    w = 1 / ((s - s.amax(-1, keepdim=True)).abs() + 1e-6)
+    return w / w.sum(-1, keepdim=True)
+
+
+def _loops(fn, *shapes, dtype=torch.float16):
+    args = [torch.randn(*sh, dtype=dtype) for sh in shapes]
+    loops, _ = to_loops(fusable_part(decompose(capture(fn, args))))
+    decide(loops)
+    return loops
+
+
+def _rounded(loops):
+    return sorted(f"{n.op}{'_' + n.attrs['kind'] if n.op == 'reduce' else ''}" for n in loops.nodes
+                  if n.attrs.get(ROUNDS))
+
+
+QK = [(2, 64, 16), (2, 64, 16)]
+QKV = QK + [(2, 64, 16)]
+
+
+@pytest.mark.unit
+def test_the_cone_of_a_pole_rounds():
+    loops = _loops(attention_entropy, *QKV)
+    log = next(n for n in loops.nodes if n.op == "log")
+    arg, p = log.args[0], log.args[0].args[0]
+    assert arg.attrs.get(ROUNDS) and p.attrs.get(ROUNDS)             # p + 1e-9 and p itself
+    assert not any(n.attrs.get(ROUNDS) for n in loops.nodes if n.dtype == torch.float32)
+    assert not log.attrs.get(ROUNDS)                                  # log of a rounded value: bounded, exact enough
+    # in bf16, p + 1e-9 is at least 1e-9: no pole is reached, nothing rounds
+    assert _rounded(_loops(attention_entropy, *QKV, dtype=torch.bfloat16)) == []
+
+
+@pytest.mark.unit
+def test_values_that_may_overflow_round():
+    assert _rounded(_loops(squared_scores, *QKV)) == ["mul"]
+    assert _rounded(_loops(sharp_softmax, *QKV)) == ["div"]
+    assert _rounded(_loops(squared_scores, *QKV, dtype=torch.bfloat16)) == []     # bf16 has float32's range
+    # the divisor that may be zero, its cone, the reciprocal that may overflow and the quotient over it
+    assert _rounded(_loops(inverse_distance, *QK)) == ["abs", "add", "cast", "div", "mul", "reciprocal", "sub"]
+    # scaled scores, a soft cap, a float32 softmax cast back: bounded or of the data's size
+    for scale in (0.125, 1.0):
+        assert _rounded(_loops(lambda q, k, v: sharp_softmax(q, k, v, 1 / scale), *QKV)) == []
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", ["attn", "h2o", "roco", "keyformer", "corm", "gemma2"])
+def test_reference_workloads_round_nothing(name):
+    fn, args = workloads.make(name, device="cpu", dtype=torch.float16, **workloads.SMALL)
+    loops, _ = to_loops(fusable_part(decompose(capture(fn, list(args)))))
+    decide(loops)
+    assert _rounded(loops) == []
+
+
+_ROUND_KERNEL = """import triton
+import triton.language as tl
+
+
+@triton.jit
+def round_kernel(x_ptr, y_ptr, N: tl.constexpr):
+    o = tl.arange(0, N)
+    x = tl.load(x_ptr + o)
+    tl.store(y_ptr + o, {})
+"""
+
+
+def test_emitted_rounding_is_round_to_nearest_with_overflow(tmp_path, monkeypatch):
+    """The emitter's fp16 rounding, run in the interpreter, is torch's x.half(): to nearest even, from 65520 to
+    inf, at most 2^-25 to 0."""
+    (tmp_path / "rounding_kernel.py").write_text(_ROUND_KERNEL.format(round_to(torch.float16, "x")))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    kernel = importlib.import_module("rounding_kernel").round_kernel
+    x = torch.tensor([65504.0, 65519.0, 65520.0, 1e5, -7e4, 2.0 ** -25, 2.0 ** -24 * 0.51, 1 + 2.0 ** -11,
+                      1 + 3 * 2.0 ** -11, 1e-9, 0.1, -3.3e-5, math.inf, 1.0, 2.0, 3.0])
+    y = torch.empty_like(x)
+    kernel[(1,)](x, y, N=16)
+    assert torch.equal(y, x.half().float()), (y, x.half().float())
+
+
+@pytest.mark.parametrize("fn, shapes, scale", [
+    (attention_entropy, QKV, 1.0), (squared_scores, QKV, 6.0), (sharp_softmax, QKV, 3.0),
+    (inverse_distance, QK, 1.0)])
+def test_eager_rounding_decides(fn, shapes, scale):
+    g = torch.Generator().manual_seed(7)
+    args = [torch.randn(*sh, generator=g, dtype=torch.float16) * scale for sh in shapes]
+    out, compiled = compiled_matches_eager(fn, args)
+    outs = out if isinstance(out, tuple) else (out,)
+    assert any(o.isnan().any() for o in outs)       # eager's NaN, which float32 kernels did not give
+    assert _fused(compiled)
+
+
+def _fused(compiled) -> bool:
+    (prog,) = compiled.programs.values()
+    return bool(prog.launches) and not prog.notes
+
+
+def test_zero_variance_rows_are_nan_as_in_eager():
+    g = torch.Generator().manual_seed(8)
+    q, k = (torch.randn(2, 64, 16, generator=g, dtype=torch.float16) for _ in range(2))
+    q[:, 40:] = 0                                   # padding queries
+    out, compiled = compiled_matches_eager(normed_scores, [q, k])
+    assert out[:, 40:].isnan().all() and out[:, :40].isfinite().all() and _fused(compiled)
