@@ -72,16 +72,5 @@ def each_partition(run) -> int:
     return count
 
 
-# linear attention: no fused plan yet, for this reason (README, Status)
+# linear attention with projections (tests/test_linear.py)
 LINEAR = ("ea", "sima")
-NOT_YET = "a sum over a product of three loop variables that is not a contraction"
-
-
-def runs_eagerly_for_the_known_reason(programs) -> None:
-    """Every program of EA or SimA runs in eager PyTorch, and says why: the partitioner found no plan, for the
-    reason it gives today. A crash (an internal compiler error) or a silently different path fails here, and so
-    does the day they fuse (then tests/test_frontend.py's strict xfail test_linear_attention_fuses passes too,
-    and both are updated)."""
-    notes = [n for p in programs for n in p.notes]
-    assert programs and not any(p.launches for p in programs), notes
-    assert notes and all(n.startswith("no fused plan: ") and NOT_YET in n for n in notes), notes

@@ -14,7 +14,7 @@ import torch
 
 import flashtensor as ft
 import flashtensor.api.backend
-from conftest import LINEAR, assert_close, runs_eagerly_for_the_known_reason
+from conftest import assert_close
 from flashtensor import FallbackWarning, workloads
 from flashtensor.cli import main as cli
 from flashtensor.runtime.cache import CacheWarning
@@ -54,15 +54,12 @@ def test_backend_is_registered_by_name():
 def test_backend_workload_matches_eager(name, compiled_by_backend):
     fn, args = fresh(name, seed=hash(name) % 1000)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FallbackWarning)  # snapkv's pooling, ea/sima: eager on purpose
+        warnings.simplefilter("ignore", FallbackWarning)  # snapkv's pooling: eager on purpose
         out = torch.compile(fn, backend="flashtensor")(*args)
     assert_close(out, fn(*args))
     programs = [p for c in compiled_by_backend for p in c.programs.values()]
     assert programs, "Dynamo never called the flashtensor backend"
-    if name not in LINEAR:  # the attention family runs in generated kernels
-        assert sum(len(p.kernels) for p in programs) >= 1, [p.notes for p in programs]
-    else:                   # EA and SimA: eager, for the reason ft.compile gives (tests/test_frontend.py)
-        runs_eagerly_for_the_known_reason(programs)
+    assert sum(len(p.kernels) for p in programs) >= 1, [p.notes for p in programs]
 
 
 def attention_with_cumsum(q, k, v):

@@ -41,7 +41,7 @@ def tile_checks(s: Schedule, inputs: list) -> dict[int, LNode]:
     overlap. A load over the loop variable counts where the loop visits its tiles in order (no early
     stop); the check reads the tiles the loop skips (see check.program_check)."""
     grid = set(s.batch) | ({s.row} if s.row is not None else set())
-    free = grid | set(s.whole) | ({s.loop} if s.loop is not None else set())
+    free = grid | set(s.whole) | ({s.loop} if s.loop is not None and not s.stepped else set())
     early = s.loop is not None and any(s.stops_early(p) for p in range(s.passes))
     out: dict[int, LNode] = {}
     for n in s.nodes:

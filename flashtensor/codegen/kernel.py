@@ -56,7 +56,8 @@ def emit_kernel(spec: KernelSpec, cfg: TileConfig) -> KernelSource:
                 # tile contiguous along the loop variable (KeyFormer's noise) in 16-byte pieces, not 4
                 body.append(f"for l0 in tl.range(tl.multiple_of({lo}, {em.blk[s.loop]}), {hi}, {em.blk[s.loop]}, "
                             f"num_stages={cfg.num_stages}):")
-            body.append(f"    o_{s.loop} = l0 + tl.arange(0, {em.blk[s.loop]})")
+            step = f"i_{s.loop} = l0" if s.stepped else f"o_{s.loop} = l0 + tl.arange(0, {em.blk[s.loop]})"
+            body.append("    " + step)
             body += ["    " + ln for ln in ctx.lines]
         post = Body(p + 1, frozenset(), False, {**em.cache_pre, **final_cache})
         for a in accs:

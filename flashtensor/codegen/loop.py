@@ -29,6 +29,9 @@ def segments(em: Tiles) -> list[tuple[str, str, frozenset, bool]]:
     (an empty one may start at hi)."""
     s, L = em.s, em.s.loop
     assert L is not None    # kernels without a loop have no segments
+    if s.stepped:           # one value per step, every value: one segment without bounds tests
+        em.pre += ["lo = 0", f"hi = {L.extent}"]
+        return [("lo", "hi", frozenset(), False)]
     bl = em.blk[L]
     lo, hi = ["0"], [str(L.extent)]
     ulo, uhi = ["0"], [str((L.extent // bl) * bl)]
@@ -101,7 +104,7 @@ def loop_body(em: Emitter, ctx: Body, accs: list[Accum], running: dict) -> None:
                 e = f"tl.where({em.idx(L, xt)} < {L.extent}, {e}, {lit(IDENTITY[a.kind])})"
             fn = "max" if a.kind == "max" else "min"
             new = f"new_{a.node.name}"
-            red = em.extreme(a.node, a.kind, e, xt.index(L))
+            red = e if s.stepped else em.extreme(a.node, a.kind, e, xt.index(L))
             if scale != 1.0:
                 red = f"{red} * {lit(scale)}"
             if a.node in em.nan_free:
@@ -127,7 +130,8 @@ def loop_body(em: Emitter, ctx: Body, accs: list[Accum], running: dict) -> None:
             e = f"({em.full(em.arg(x, xt, ctx), [x], xt, ctx)} != 0)"
             if pred:
                 e = f"({e} & ({em.idx(L, xt)} < {L.extent}))"
-            ctx.lines.append(f"{acc} = tl.maximum({acc}, tl.max({e}.to(tl.int32), axis={xt.index(L)}))")
+            e = f"{e}.to(tl.int32)" if s.stepped else f"tl.max({e}.to(tl.int32), axis={xt.index(L)})"
+            ctx.lines.append(f"{acc} = tl.maximum({acc}, {e})")
             continue
         if a.node in s.dots:
             fa, fb, k = s.dots[a.node]
@@ -138,6 +142,10 @@ def loop_body(em: Emitter, ctx: Body, accs: list[Accum], running: dict) -> None:
             ctx.lines.append(f"{acc} = tl.dot({opa}, {opb}, {acc}{alpha}{em.dot_prec(fa + fb)})")
             continue
         xt = [v for v in s.order if any(isinstance(f, LNode) and v in f.vars for f, _ in a.kept)]
+        if s.stepped:       # the summand is one step's value, over the accumulator's own tile
+            e = em.full(em.product(a.kept, tv, ctx, ctx.lines), [f for f, _ in a.kept], tv, ctx)
+            ctx.lines.append(f"{acc} = {acc}{alpha} + {e}")
+            continue
         if L not in xt:
             raise ScheduleError(f"{a.node.name}: summand does not vary along the loop",
                                 "a sum whose summand does not vary along the loop", a.node.origin)

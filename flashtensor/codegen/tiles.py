@@ -34,7 +34,7 @@ class Tiles(abc.ABC):
         if s.row is not None:
             self.blk[s.row] = min(cfg.block_row, pow2(s.row.extent))
         if s.loop is not None:
-            self.blk[s.loop] = min(cfg.block_loop, pow2(s.loop.extent))
+            self.blk[s.loop] = 1 if s.stepped else min(cfg.block_loop, pow2(s.loop.extent))
         for v in s.whole:
             self.blk[v] = pow2(v.extent)
         self.bufs: dict[object, Buffer] = {}    # by source, in kernel-argument order
@@ -62,7 +62,7 @@ class Tiles(abc.ABC):
         return self.s.tile_vars(n)
 
     def idx(self, v: Var, tv: list[Var]) -> str:
-        if v in self.s.batch:
+        if v in self.s.batch or (self.s.stepped and v is self.s.loop):
             return f"i_{v}"
         if len(tv) <= 1:
             return f"o_{v}"

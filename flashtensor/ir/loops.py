@@ -149,12 +149,20 @@ class NodeTable:
         self.nodes: dict[tuple, LNode] = {}
 
     def get(self, op: Op | str, args: tuple, dtype: torch.dtype, vars_: tuple[Var, ...], attrs: dict) -> LNode:
-        key = (op, tuple(id(a) if isinstance(a, LNode) else ("s", type(a).__name__, a) for a in args), dtype,
-               tuple(sorted((k, _hashable(v)) for k, v in attrs.items())))
+        key = _key(op, args, dtype, attrs)
         hit = self.nodes.get(key)
         if hit is None:
             hit = self.nodes[key] = LNode(Op(op), args, dtype, vars_, attrs)
         return hit
+
+    def add(self, n: LNode) -> None:
+        """Make an existing node the one that `get` gives for its structure (a rewrite then reuses it)."""
+        self.nodes.setdefault(_key(n.op, n.args, n.dtype, n.attrs), n)
+
+
+def _key(op: Op | str, args: tuple, dtype: torch.dtype, attrs: dict) -> tuple:
+    return (Op(op), tuple(id(a) if isinstance(a, LNode) else ("s", type(a).__name__, a) for a in args), dtype,
+            tuple(sorted((k, _hashable(v)) for k, v in attrs.items())))
 
 
 def _hashable(v):

@@ -20,7 +20,8 @@ def describe(s: Schedule) -> dict[str, list[str] | str]:
         carried.append(f"{a.node.name}: " + "; ".join(how))
     return {
         "roles": s.roles.describe() + [f"{v}<{v.extent}>: batch (one program per value and row tile)" for v in s.batch],
-        "loop": f"loop over {s.loop} in {s.passes} pass(es): " + ("; ".join(carried) or "no reductions"),
+        "loop": f"loop over {s.loop}{', one value per step' if s.stepped else ''} in {s.passes} pass(es): "
+                + ("; ".join(carried) or "no reductions"),
         "skipped": [f"{h} >= 0" for h in s.skip],
         "folded": [f"{h} >= 0" for h in s.special],
     }

@@ -9,6 +9,10 @@ provably adds its identity are skipped; tiles wholly inside the live region drop
 predicate. Where values are known constants but a reduction still sees something there
 (CORM's `p >= thresh` with p = 0 in the masked region), tiles wholly inside that region
 get a body with the constants in place, so what only feeds them is never computed.
+
+Where no tiled loop fits, a short reduced variable may be the loop one value per step ("stepped"): its
+variable is then an index, like a batch variable's, and each step works on tiles over the other variables
+(an output projection summed over heads: per head, the head's slices of the operands, each a tl.dot).
 """
 from __future__ import annotations
 
@@ -63,11 +67,12 @@ class Schedule:
     roles: Roles
     dots: dict[LNode, tuple]      # sum reductions emitted as tl.dot: node -> (A factors, B factors, K)
     special: list[Affine] = field(default_factory=list)   # at most one half-plane with a constant-folded body
+    stepped: bool = False         # the loop takes one value of its variable per step: no tile axis
 
     @property
     def order(self) -> list[Var]:
         """Canonical axis order of every tile."""
-        return [v for v in (self.row, self.loop) if v is not None] + self.whole
+        return [v for v in (self.row, None if self.stepped else self.loop) if v is not None] + self.whole
 
     def tile_vars(self, n: LNode) -> list[Var]:
         return [v for v in self.order if v in n.vars]
@@ -135,7 +140,7 @@ def _dot_split(factors: list[Factor], tile: list[Var], k: Var) -> Optional[tuple
             b.append((f, p))
         else:
             return None
-    if not a or not b or any(p < 0 and isinstance(f, LNode) and k in f.vars for f, p in a + b):
+    if not a or not b:
         return None
     return a, b, k
 
@@ -169,21 +174,27 @@ def build_schedule(plan: KernelPlan, loop_choice: Optional[Var] = None) -> Sched
                   for f, _ in factorize(n.args[0], atoms=boundary) if isinstance(f, LNode) and row in f.vars
                   for v in f.vars if v in free and v is not row}
     to_grid = [set(), beside_row, set(free) - {row} - inner]
+    extras = [e for k, e in enumerate(to_grid) if e not in to_grid[:k]]
+    # stepped loops come last, the shortest first, over a short reduced variable that is a batch variable of a
+    # contraction (both operands carry it): each step is then a matmul of its own slices
+    stepped = [] if loop_choice else sorted((v for v in reduced if v in dot_batch and v.extent <= MAX_WHOLE),
+                                            key=lambda v: (v.extent, v.id))
+    tries = [(e, loop, False) for e in extras for loop in candidates] + \
+        [(e, loop, True) for e in extras for loop in stepped]
     errors, causes = [], []
-    for extra in [e for k, e in enumerate(to_grid) if e not in to_grid[:k]]:
+    for extra, loop, step in tries:
         batch = sorted((parallel & dot_batch) | (parallel - set(free)) | extra, key=lambda v: v.id)
-        for loop in candidates:
-            whole = sorted(all_vars - set(batch) - {row, loop}, key=lambda v: v.id)
-            try:
-                return _finish(plan, nodes, compute, boundary, batch, row, loop, whole, role)
-            except ScheduleError as e:
-                grid = f", {sorted(extra, key=lambda v: v.id)} in the grid" if extra else ""
-                errors.append(f"loop over {loop}{grid}: {e}")
-                causes += e.causes
+        whole = sorted(all_vars - set(batch) - {row, loop}, key=lambda v: v.id)
+        try:
+            return _finish(plan, nodes, compute, boundary, batch, row, loop, whole, role, step)
+        except ScheduleError as e:
+            grid = f", {sorted(extra, key=lambda v: v.id)} in the grid" if extra else ""
+            errors.append(f"{'stepped ' if step else ''}loop over {loop}{grid}: {e}")
+            causes += e.causes
     raise ScheduleError("; ".join(errors), causes=causes)
 
 
-def _finish(plan, nodes, compute, boundary, batch, row, loop, whole, role) -> Schedule:
+def _finish(plan, nodes, compute, boundary, batch, row, loop, whole, role, stepped=False) -> Schedule:
     grid = set(batch) | {row}
     for n in compute:
         if n.op == "reduce" and n.attrs["var"] in grid:
@@ -198,7 +209,8 @@ def _finish(plan, nodes, compute, boundary, batch, row, loop, whole, role) -> Sc
                                 f"(at most {MAX_WHOLE})")
     if any(v in batch for v in ([loop] if loop else [])):
         raise ScheduleError("loop variable is also a batch variable")
-    sched = Schedule(plan, nodes, boundary, batch, row, loop, whole, {}, 1, [], Facts().run(nodes), role, {})
+    sched = Schedule(plan, nodes, boundary, batch, row, loop, whole, {}, 1, [], Facts().run(nodes), role, {},
+                     stepped=stepped)
     # contractions -> tl.dot, and the tile-rank limit everywhere else
     dot_args: set[int] = set()
     for n in compute:
@@ -312,6 +324,8 @@ def _carry(sched: Schedule, compute: list[LNode], boundary: frozenset[LNode], lo
         hs = {reg[0] for reg, v in sched.facts.of(r.args[0]) if len(reg) == 1 and v == ident
               and loop in reg[0].vars and set(reg[0].vars) <= allowed}
         common = hs if common is None else common & hs
+    if sched.stepped:     # skipped and constant-folded tiles are ranges of a tiled loop; a stepped one runs all
+        return
     sched.skip = sorted(common or [], key=str)
     sched.special = _special(sched, compute, loop, allowed)
 

@@ -1,0 +1,98 @@
+"""A reduction over a copy of a variable, renamed onto the variable itself where that shares work.
+
+Where one tensor reaches an op in two roles, the lowering gives one of them fresh copies of its variables
+(docs/design.md §3.1). F.normalize(k, p=1, dim=-2) divides k[n] by sum_m |k[m]|: the sum reads k over a copy m
+of the token variable n, so a projection k = x w is computed twice, once over n and once over m. The variable a
+reduction removes is bound: renamed to any variable its argument does not otherwise use, the value is the same.
+Renamed onto n, the argument reads the values the program already computes (the projection once), and the
+sum is over the program's own token variable, which partition and schedule treat like any reduction over
+it: a statistic that the kernel looping over the tokens carries beside the others. A rename is kept only
+where the renamed argument is a value, or reads a value, that the program computes anyway (not only a load).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from ..ir.loops import Affine, LNode, LoopGraph, NodeTable, Var, loop_topo, rebuilt, var_union
+
+
+def share_reductions(g: LoopGraph, through_half: bool) -> LoopGraph:
+    """The same program with each reduction over a copy of a variable renamed where that shares nodes."""
+    table = NodeTable()
+    users: dict[Var, set[int]] = {}
+    for n in g.nodes:
+        table.add(n)
+        for v in n.vars + ((n.attrs["var"],) if n.op == "reduce" else ()):
+            users.setdefault(v, set()).add(id(n))
+    loads = [n for n in g.nodes if n.op == "load"]
+    new: dict[int, LNode] = {}
+    for n in g.nodes:
+        args = tuple(new[id(a)] if isinstance(a, LNode) else a for a in n.args)
+        m = n if all(x is y for x, y in zip(args, n.args)) else _node(table, n.op, args, n.dtype, n.attrs)
+        own = {id(x) for x in loop_topo([n])}
+        if m.op == "reduce" and users[n.attrs["var"]] <= own:    # its variable is a copy no other value uses
+            outside = {id(x) for x in g.nodes if x.op != "load" and id(x) not in own}
+            m = _renamed(m, table, outside, loads) or m
+        new[id(n)] = m
+    if all(new[id(n)] is n for n in g.nodes):
+        return g
+    return rebuilt(g, new, "b")
+
+
+def _node(table: NodeTable, op: str, args: tuple, dtype, attrs: dict) -> LNode:
+    vs = var_union(*(a.vars for a in args if isinstance(a, LNode)))
+    if op == "reduce":
+        vs = tuple(v for v in vs if v is not attrs["var"])
+    return table.get(op, args, dtype, vs, attrs)
+
+
+def _renamed(r: LNode, table: NodeTable, computed: set[int], loads: list[LNode]) -> Optional[LNode]:
+    """r over another variable whose renamed argument shares a node of `computed` (values computed outside r)
+    with the program; None if there is none."""
+    u, arg = r.attrs["var"], r.args[0]
+    inside = loop_topo([arg])
+    used = {v for x in inside for v in x.vars} | {x.attrs["var"] for x in inside if x.op == "reduce"}
+    for v in _copies(u, inside, loads):
+        if v in used or v.extent != u.extent:
+            continue
+        memo: dict[int, LNode] = {}
+        out = _substituted(arg, u, v, table, memo)
+        if any(id(x) in computed for x in memo.values()):
+            return _node(table, "reduce", (out,), r.dtype, {**r.attrs, "var": v})
+    return None
+
+
+def _copies(u: Var, inside: list[LNode], loads: list[LNode]) -> list[Var]:
+    """Variables v such that some load of the argument, read with v in place of u, is a load the program has."""
+    out: list[Var] = []
+    for a in inside:
+        if a.op != "load" or u not in a.vars:
+            continue
+        for b in loads:
+            if b.attrs["input"] != a.attrs["input"] or b is a:
+                continue
+            for v in b.vars:
+                sub = {u: Affine.of(v)}
+                if v not in out and [e.substitute(sub) for e in a.attrs["index"]] == list(b.attrs["index"]):
+                    out.append(v)
+    return out
+
+
+def _substituted(x: LNode, u: Var, v: Var, table: NodeTable, memo: dict[int, LNode]) -> LNode:
+    """x with variable u renamed v (through the table, so equal structures are the program's own nodes)."""
+    if u not in x.vars:
+        return x
+    if id(x) not in memo:
+        sub = {u: Affine.of(v)}
+        attrs = dict(x.attrs)
+        if x.op == "load":
+            attrs["index"] = [e.substitute(sub) for e in x.attrs["index"]]
+            vs = var_union(*(e.vars for e in attrs["index"]))
+            memo[id(x)] = table.get(x.op, x.args, x.dtype, vs, attrs)
+        elif x.op == "iota":
+            attrs["expr"] = x.attrs["expr"].substitute(sub)
+            memo[id(x)] = table.get(x.op, x.args, x.dtype, var_union(attrs["expr"].vars), attrs)
+        else:
+            args = tuple(_substituted(a, u, v, table, memo) if isinstance(a, LNode) else a for a in x.args)
+            memo[id(x)] = _node(table, x.op, args, x.dtype, attrs)
+    return memo[id(x)]
