@@ -174,19 +174,23 @@ def build_schedule(plan: KernelPlan, loop_choice: Optional[Var] = None) -> Sched
                   for f, _ in factorize(n.args[0], atoms=boundary) if isinstance(f, LNode) and row in f.vars
                   for v in f.vars if v in free and v is not row}
     to_grid = [set(), beside_row, set(free) - {row} - inner]
-    extras = [e for k, e in enumerate(to_grid) if e not in to_grid[:k]]
+    extras = [(e, row) for k, e in enumerate(to_grid) if e not in to_grid[:k]]
+    # last, the row too goes to the grid (a short head-group index chosen as the row of a kernel that holds the
+    # keys whole and loops over queries), which leaves the tile to the loop and the variables held whole
+    if row is not None:
+        extras.append((set(free) - inner, None))
     # stepped loops come last, the shortest first, over a short reduced variable that is a batch variable of a
     # contraction (both operands carry it): each step is then a matmul of its own slices
     stepped = [] if loop_choice else sorted((v for v in reduced if v in dot_batch and v.extent <= MAX_WHOLE),
                                             key=lambda v: (v.extent, v.id))
-    tries = [(e, loop, False) for e in extras for loop in candidates] + \
-        [(e, loop, True) for e in extras for loop in stepped]
+    tries = [(e, r, loop, False) for e, r in extras for loop in candidates] + \
+        [(e, r, loop, True) for e, r in extras for loop in stepped]
     errors, causes = [], []
-    for extra, loop, step in tries:
+    for extra, row_var, loop, step in tries:
         batch = sorted((parallel & dot_batch) | (parallel - set(free)) | extra, key=lambda v: v.id)
-        whole = sorted(all_vars - set(batch) - {row, loop}, key=lambda v: v.id)
+        whole = sorted(all_vars - set(batch) - {row_var, loop}, key=lambda v: v.id)
         try:
-            return _finish(plan, nodes, compute, boundary, batch, row, loop, whole, role, step)
+            return _finish(plan, nodes, compute, boundary, batch, row_var, loop, whole, role, step)
         except ScheduleError as e:
             grid = f", {sorted(extra, key=lambda v: v.id)} in the grid" if extra else ""
             errors.append(f"{'stepped ' if step else ''}loop over {loop}{grid}: {e}")
