@@ -23,6 +23,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..ir.graph import Builder, Graph, Node, Returns
 from ..ir.ops import ELEMENTWISE, GROUP, TENSOR, Group, scalar
+from . import layout
 from .eager import EagerOnly, name, raise_if_eager_rejects, torch_logs_to_debug, whole, why_untraced
 from .source import SourceRecorder
 
@@ -454,7 +455,8 @@ def _lifted(b, v, base, dim, lo, select, s, d, src):
     if v.op == "expand" and not v.args[0].shape:
         return b.add("expand", (v.args[0],), s, d, src)
     if v.args and v.args[0] is base and v.attrs.get("dim") == dim and \
-            v.attrs.get("index" if select else "start") == lo and v.op == ("select" if select else "slice"):
+            v.attrs.get("index" if select else "start") == lo and v.op == ("select" if select else "slice") and \
+            "step" not in v.attrs:
         return base                      # the same window of the base
     if v.op == "where" and "window" in v.attrs:
         d2, lo2, hi2 = v.attrs["window"]
@@ -536,7 +538,7 @@ _RULES: dict[Any, Callable] = {
     aten.select.int: lambda b, a, kw, s, d, src: b.add(
         "select", (a[0],), s, d, src, dim=a[1] % len(a[0].shape), index=a[2] % a[0].shape[a[1]]),
     aten.slice.Tensor: lambda b, a, kw, s, d, src: _slice(b, a, s, d, src),
-    aten.fill.Scalar: _fill, aten.fill.Tensor: _fill,
+    aten.fill.Scalar: _fill, aten.fill.Tensor: _fill, **layout.RULES,
     aten.slice_scatter.default: _scatter(False), aten.select_scatter.default: _scatter(True),
 }
 
@@ -560,9 +562,8 @@ def _slice(b, a, s, d, src):
     dim = (a[1] if len(a) > 1 else 0) % len(x.shape)
     start = a[2] if len(a) > 2 and a[2] is not None else 0
     step = a[4] if len(a) > 4 else 1
-    if step != 1:
-        return None
     start = max(0, start + x.shape[dim] if start < 0 else start)
     if tuple(x.shape) == s:
         return x
-    return b.add("slice", (x,), s, d, src, dim=dim, start=min(start, x.shape[dim]))
+    every = {"step": step} if step != 1 and s[dim] > 1 else {}    # x[..., ::2] (GPT-J's interleaved halves)
+    return b.add("slice", (x,), s, d, src, dim=dim, start=min(start, x.shape[dim]), **every)

@@ -31,6 +31,7 @@ class Op(enum.StrEnum):
     EXPAND = "expand"
     SELECT = "select"
     SLICE = "slice"
+    CAT = "cat"
     # elementwise
     NEG = "neg"
     EXP = "exp"
@@ -164,7 +165,7 @@ ELEMENTWISE: dict[Op, Elementwise] = {**UNARY_OPS, **BINARY_OPS}
 
 GROUP: dict[Op, Group] = {
     **{op: Group.SOURCE for op in (Op.INPUT, Op.CONST, Op.FULL, Op.IOTA)},
-    **{op: Group.LAYOUT for op in (Op.PERMUTE, Op.RESHAPE, Op.EXPAND, Op.SELECT, Op.SLICE)},
+    **{op: Group.LAYOUT for op in (Op.PERMUTE, Op.RESHAPE, Op.EXPAND, Op.SELECT, Op.SLICE, Op.CAT)},
     **{op: Group.UNARY for op in UNARY_OPS},
     **{op: Group.BINARY for op in BINARY_OPS},
     Op.CAST: Group.SELECT, Op.WHERE: Group.SELECT,
@@ -221,7 +222,8 @@ def _tri(lower: bool) -> Callable:
 
 
 def _slice(n: Any, x: torch.Tensor) -> torch.Tensor:
-    return x.narrow(n.attrs["dim"], n.attrs["start"], n.shape[n.attrs["dim"]])
+    d, start, step = n.attrs["dim"], n.attrs["start"], n.attrs.get("step", 1)
+    return x[(slice(None),) * d + (slice(start, start + (n.shape[d] - 1) * step + 1, step),)]
 
 
 TENSOR = "<tensor>"     # an opaque call's tensor argument, in its `arg_spec` and `kwargs`
@@ -266,6 +268,7 @@ EVAL: dict[Op, Callable] = {
     Op.EXPAND: lambda n, x: x.expand(n.shape),
     Op.SELECT: lambda n, x: x.select(n.attrs["dim"], n.attrs["index"]),
     Op.SLICE: _slice,
+    Op.CAT: lambda n, *xs: torch.cat(xs, n.attrs["dim"]),
     Op.CONST: lambda n: n.attrs["value"],
     Op.FULL: lambda n: torch.full(n.shape, n.attrs["value"], dtype=n.dtype, device=n.attrs["device"]),
     Op.IOTA: _iota,
