@@ -122,12 +122,6 @@ def sdpa_merge_heads(q, k, v):
     return out.transpose(1, 2).reshape(b, s, h * d)
 
 
-def log_sigmoid_gate(q, k, v):
-    """Sigmoid attention with a log-space gate on the values."""
-    gate = F.logsigmoid(v)
-    return torch.sigmoid(q @ k.transpose(-2, -1)) @ gate.exp()
-
-
 def snapkv_max_pool(q, k, v):
     """SnapKV's vote over the observation window, pooled with max instead of avg."""
     window = q[..., -8:, :]
@@ -149,7 +143,6 @@ def case(fn, op, text, unit=False):
 MULTI = [case(std_and_mean, "aten.std_mean", "torch.std_mean(", unit=True),
          case(min_max_scaled, "aten.aminmax", "torch.aminmax(", unit=True),
          case(sdpa_merge_heads, "aten._scaled_dot_product", "F.scaled_dot_product_attention(", unit=True),
-         case(log_sigmoid_gate, "aten.log_sigmoid_forward", "F.logsigmoid("),
          case(snapkv_max_pool, "aten.max_pool2d_with_indices", "F.max_pool1d("),
          case(best_key, "aten.max.dim", "torch.max(")]
 

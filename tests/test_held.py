@@ -22,8 +22,6 @@ NOT_FUSED = {
     "snapkv_window": "partial: no lowering for aten.avg_pool2d (F.avg_pool1d)",
     "tova": "fallback: no fused plan for one query's scores (a sum over a product of three loop variables "
             "that is not a contraction)",
-    "retention": "fallback: no Triton lowering for op 'pow' (gamma ** (i - j))",
-    "linear_elu": "partial: no lowering for aten.elu",
 }
 
 

@@ -81,7 +81,12 @@ class Emitter(Tiles):
                 lines.append(f"{out} = {out}_raw")
             return out, tv
         if op == "iota":
-            lines.append(f"{out} = {self.affine(n.attrs['expr'], tv)}")
+            e = n.attrs["expr"]
+            if not n.dtype.is_floating_point:
+                lines.append(f"{out} = {self.affine(e, tv)}")
+            else:       # a float arange (a log of positions): the index as float32
+                index = f"{self.affine(e, tv)}.to(tl.float32)" if e.terms else repr(float(e.const))
+                lines.append(f"{out} = {index}")
             return out, tv
         if op == "scalar":
             return lit(n.attrs["value"]), []
