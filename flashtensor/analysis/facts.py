@@ -242,14 +242,16 @@ def nan_absorbing_maxima(g: LoopGraph) -> set[LNode]:
 
 # what an op needs of its argument for a finite result: log(0) = -inf, sqrt(-1) = NaN, 1 / 0 = inf
 _DOMAIN = {"log": "positive", "log2": "positive", "log2_approx": "positive", "rsqrt": "positive",
-           "sqrt": "nonneg", "reciprocal": "nonzero"}
+           "sqrt": "nonneg", "reciprocal": "nonzero", "log1p": "nonneg", "pow": "positive"}
 
 
 def input_domains(g: LoopGraph) -> dict[int, str]:
     """Program inputs that a log, log2 or rsqrt ("positive"), a sqrt ("nonneg"), or a division or
     reciprocal as the divisor ("nonzero") reads directly or through casts, with what their values must
-    satisfy. A finite noise entry of 0 under KeyFormer's -log is +inf there, and -inf + inf is NaN in a
-    masked tile the kernels skip; checking finiteness alone would miss it. Values computed from the
+    satisfy; log1p's operand ("nonneg") and pow's base ("positive") are held to a part of their domain that
+    keeps the check one of these (other values take the fixup pass, which is exact). A finite noise entry of
+    0 under KeyFormer's -log is +inf there, and -inf + inf is NaN in a masked tile the kernels skip;
+    checking finiteness alone would miss it. Values computed from the
     inputs (a log of a product that underflows) are not covered."""
     need: dict[int, set[str]] = {}
     for n in g.nodes:

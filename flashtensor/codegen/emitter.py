@@ -13,7 +13,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from ..analysis.facts import IDENTITY, exact_sum
-from ..ir.loops import LNode, LOutput, Var, read_input
+from ..ir.loops import LNode, LOutput, Var, outside, read_input
 from ..schedule.schedule import Factor, ScheduleError
 from . import check, forms
 from .body import Body
@@ -67,7 +67,7 @@ class Emitter(Tiles):
             buf = self.buffer(("in", n.attrs["input"]), shape, dtype, "input")
             strides = contig(shape)
             off = " + ".join(f"{self.affine(e, tv)} * {st}" for e, st in zip(n.attrs["index"], strides)) or "0"
-            mask = self.range_mask(tv)
+            mask = self.load_mask(n, tv)
             lines.append(f"{out}_raw = tl.load({buf} + {off}" + (f", mask={mask}, other=0)" if mask else ")"))
             if self.checks.get(n.attrs["input"], (None,))[0] is n:
                 added = check.check_add(self, n.attrs["input"], f"{out}_raw", tv, mask)
@@ -81,7 +81,12 @@ class Emitter(Tiles):
                 lines.append(f"{out} = {out}_raw")
             return out, tv
         if op == "iota":
-            lines.append(f"{out} = {self.affine(n.attrs['expr'], tv)}")
+            e = n.attrs["expr"]
+            if not n.dtype.is_floating_point:
+                lines.append(f"{out} = {self.affine(e, tv)}")
+            else:       # a float arange (a log of positions): the index as float32
+                index = f"{self.affine(e, tv)}.to(tl.float32)" if e.terms else repr(float(e.const))
+                lines.append(f"{out} = {index}")
             return out, tv
         if op == "scalar":
             return lit(n.attrs["value"]), []
@@ -123,6 +128,16 @@ class Emitter(Tiles):
         if op == "reduce":
             return self.tile_reduce(n, ctx, lines, out)
         raise ScheduleError(f"no Triton lowering for op '{op}'", where=n.origin)
+
+    def load_mask(self, n: LNode, tv: list[Var]) -> Optional[str]:
+        """The tile's bounds test, and where an index can leave its input's range (a cat's piece read at the
+        joined axis' index minus its offset), the test that it does not: those elements load 0."""
+        conds = [self.range_mask(tv)]
+        for e, size in zip(n.attrs["index"], self.inputs[n.attrs["input"]][0]):
+            below, past = outside(e, size)
+            conds += [f"({self.affine(e, tv)} >= 0)" if below else None,
+                      f"({self.affine(e, tv)} < {size})" if past else None]
+        return " & ".join(c for c in conds if c) or None
 
     def full(self, e: str, xs: Sequence[object], tv: list[Var], ctx: Body) -> str:
         """`e`, computed from the values xs, as a tile over all of tv: constants in place of values that
@@ -228,7 +243,7 @@ class Emitter(Tiles):
                 for v in reversed(d):
                     strides[v] = inner
                     inner *= v.extent
-            if set(strides) != set(r.vars):
+            if not set(r.vars) <= set(strides):
                 raise ScheduleError("an output is broadcast along a variable its value does not depend on")
         dtype = self.bufs[r if out is None else out].dtype
         off = " + ".join(f"{self.idx(v, tv)} * {strides[v]}" for v in r.vars) or "0"
@@ -238,7 +253,14 @@ class Emitter(Tiles):
         if tv:
             shape = ", ".join(str(self.blk[v]) for v in tv)
             val = f"tl.broadcast_to({val}, ({shape}))"
-        ctx.lines.append(f"tl.store({buf} + {off}, {val}" + (f", mask={mask})" if mask else ")"))
+        # an output repeated along variables its value does not depend on (x.repeat, x.expand returned): the
+        # tile is stored once per value of theirs
+        indent = ""
+        for v in (v for v in strides if v not in r.vars):
+            ctx.lines.append(f"{indent}for r_{v} in range({v.extent}):")
+            indent += "    "
+            off += f" + r_{v} * {strides[v]}"
+        ctx.lines.append(f"{indent}tl.store({buf} + {off}, {val}" + (f", mask={mask})" if mask else ")"))
 
     def product(self, factors, tv: list[Var], ctx, lines: list[str]) -> str:
         """Product of factors over tile tv, a summand or a dot operand. The forms for a quotient apply to its

@@ -82,3 +82,36 @@ def _round_bf16(x):
         return tl.where(x != x, x, r)
     else:
         return x.to(tl.bfloat16).to(tl.float32)
+
+
+@triton.jit
+def _expm1(x):
+    # exp(x) - 1 without its cancellation near 0 (Kahan): (u - 1) * x / log(u) for the computed u = exp(x),
+    # whose error cancels in the ratio; x where u rounds to 1, u - 1 where it is -1 or inf
+    u = tl.exp(x)
+    um1 = u - 1.0
+    return tl.where(u == 1.0, x, tl.where((um1 == -1.0) | (u == float("inf")), um1, um1 * (x / tl.log(u))))
+
+
+@triton.jit
+def _log1p(x):
+    # log(1 + x) without its cancellation near 0 (Goldberg): log(u) * x / (u - 1) for the computed u = 1 + x;
+    # x where u rounds to 1, log(u) where u is 0 or inf
+    u = 1.0 + x
+    return tl.where(u == 1.0, x, tl.where((u == 0.0) | (u == float("inf")), tl.log(u), tl.log(u) * (x / (u - 1.0))))
+
+
+@triton.jit
+def _pow(b, e):
+    # torch.pow with a float result: |b| ** e as exp2(e * log2 |b|), negated where b's sign bit is set (-0.0
+    # too) and e is an odd integer, NaN where b is negative and finite and e is no integer, and 1 where e is
+    # 0, b is 1, or b is -1 and e infinite, as C's pow
+    b = tl.cast(b, tl.float32)
+    e = tl.cast(e, tl.float32)
+    b, e = tl.broadcast(b, e)     # a per-head base (a scalar in the program) with a tile of exponents
+    mag = tl.exp2(e * tl.log2(tl.abs(b)))
+    whole = tl.floor(e) == e
+    odd = whole & (tl.floor(e * 0.5) != e * 0.5)
+    r = tl.where((b.to(tl.int32, bitcast=True) < 0) & odd, -mag, mag)
+    r = tl.where((b < 0) & (b > float("-inf")) & (tl.floor(e) != e), float("nan"), r)
+    return tl.where((e == 0) | (b == 1) | ((b == -1) & (tl.abs(e) == float("inf"))), 1.0, r)

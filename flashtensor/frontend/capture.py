@@ -23,7 +23,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..ir.graph import Builder, Graph, Node, Returns
 from ..ir.ops import ELEMENTWISE, GROUP, TENSOR, Group, scalar
+from . import layout
 from .eager import EagerOnly, name, raise_if_eager_rejects, torch_logs_to_debug, whole, why_untraced
+from .scatter import scatter
 from .source import SourceRecorder
 
 aten = torch.ops.aten
@@ -345,10 +347,30 @@ def _var_mean(b, fx, args, kw, src, live):
             for n, v in zip((var, mean), fx.meta["val"])]
 
 
+def _log_sigmoid(b, fx, args, kw, src, live):
+    """log_sigmoid_forward (F.logsigmoid): the value; its second output, a buffer for the backward, stays opaque
+    where read."""
+    val, buf = fx.meta["val"]
+    out = b.add("log_sigmoid", (args[0],), tuple(val.shape), val.dtype, src)
+    return [out, _opaque(b, fx.target, args, kw, tuple(buf.shape), buf.dtype, src, 1) if 1 in _used(fx, live) else None]
+
+
 # calls that return several tensors and have a lowering; any other such call is _multi_opaque
 _MULTI = {aten.max.dim: _max_dim, aten.min.dim: _max_dim, aten.split.Tensor: _split,
           aten.split_with_sizes.default: _split, aten.unbind.int: _unbind,
-          aten.native_layer_norm.default: _layer_norm, aten.var_mean.correction: _var_mean}
+          aten.native_layer_norm.default: _layer_norm, aten.var_mean.correction: _var_mean,
+          aten.log_sigmoid_forward.default: _log_sigmoid}
+
+
+def _with_params(op: str, **defaults: Any) -> Callable:
+    """A rule for a float composite whose attributes are the call's arguments after the tensor, by position or
+    name; of an integer tensor (nan_to_num) the call changes nothing."""
+    def rule(b, a, kw, s, d, src):
+        given = {**dict(zip(defaults, a[1:])), **{k: v for k, v in kw.items() if k in defaults}}
+        if not d.is_floating_point:
+            return a[0]
+        return b.add(op, (a[0],), s, d, src, **{k: given.get(k, v) for k, v in defaults.items()})
+    return rule
 
 
 def _unary(op):
@@ -411,61 +433,6 @@ def _fill(b, a, kw, s, d, src):
         return None
     v = v if v.dtype == d else b.add("cast", (v,), (), d, src)
     return b.add("expand", (v,), s, d, src) if s else v
-
-
-def _scatter(select: bool):
-    """slice_scatter / select_scatter, what a slice assignment becomes once functionalized: a select
-    over the written index range, when the written value is known in the base's coordinates (a value
-    broadcast, or such a write along another dimension into the same slice of the base)."""
-    def rule(b, a, kw, s, d, src):
-        base, val, dim = a[0], a[1], (a[2] if len(a) > 2 else 0) % len(s)
-        if select:
-            lo = a[3] % s[dim]
-            hi = lo + 1
-        else:
-            if (a[5] if len(a) > 5 else 1) != 1:
-                return None
-            lo, hi = (a[3] if len(a) > 3 else None), (a[4] if len(a) > 4 else None)
-            lo, hi = (0 if lo is None else lo), (s[dim] if hi is None else hi)
-            lo, hi = (min(max(x + s[dim] if x < 0 else x, 0), s[dim]) for x in (lo, hi))
-        value = _lifted(b, val, base, dim, lo, select, s, d, src)
-        if value is None:
-            return None
-        return b.add("where", (_window(b, s, dim, lo, hi, base.device, src), value, base), s, d, src,
-                     window=(dim, lo, hi))
-    return rule
-
-
-def _window(b, s, dim, lo, hi, device, src):
-    idx = b.add("iota", (), s, torch.int64, src, dim=dim, device=device)
-    ge = b.add("ge", (idx, lo), s, torch.bool, src)
-    return b.add("logical_and", (ge, b.add("lt", (idx, hi), s, torch.bool, src)), s, torch.bool, src)
-
-
-def _lifted(b, v, base, dim, lo, select, s, d, src):
-    """The value written by a scatter into `base` along `dim` at `lo`, in base's coordinates; None when
-    that would need shifting it."""
-    if not isinstance(v, Node):
-        return v
-    if v is base:                        # a window that is all of the base (slicing it gave it back)
-        return base if not select and tuple(v.shape) == tuple(s) else None
-    if v.op == "full" and not isinstance(v.attrs["value"], Node):
-        return v.attrs["value"]
-    if v.op == "expand" and not v.args[0].shape:
-        return b.add("expand", (v.args[0],), s, d, src)
-    if v.args and v.args[0] is base and v.attrs.get("dim") == dim and \
-            v.attrs.get("index" if select else "start") == lo and v.op == ("select" if select else "slice"):
-        return base                      # the same window of the base
-    if v.op == "where" and "window" in v.attrs:
-        d2, lo2, hi2 = v.attrs["window"]
-        d2 += 1 if select and d2 >= dim else 0
-        if d2 == dim:
-            return None
-        x, y = (_lifted(b, w, base, dim, lo, select, s, d, src) for w in v.args[1:])
-        if x is None or y is None:
-            return None
-        return b.add("where", (_window(b, s, d2, lo2, hi2, base.device, src), x, y), s, d, src, window=(d2, lo2, hi2))
-    return None
 
 
 def _overload(name: str) -> Any:
@@ -536,8 +503,10 @@ _RULES: dict[Any, Callable] = {
     aten.select.int: lambda b, a, kw, s, d, src: b.add(
         "select", (a[0],), s, d, src, dim=a[1] % len(a[0].shape), index=a[2] % a[0].shape[a[1]]),
     aten.slice.Tensor: lambda b, a, kw, s, d, src: _slice(b, a, s, d, src),
-    aten.fill.Scalar: _fill, aten.fill.Tensor: _fill,
-    aten.slice_scatter.default: _scatter(False), aten.select_scatter.default: _scatter(True),
+    aten.fill.Scalar: _fill, aten.fill.Tensor: _fill, **layout.RULES,
+    aten.elu.default: _with_params("elu", alpha=1.0, scale=1.0, input_scale=1.0),
+    aten.nan_to_num.default: _with_params("nan_to_num", nan=None, posinf=None, neginf=None),
+    aten.slice_scatter.default: scatter(False), aten.select_scatter.default: scatter(True),
 }
 
 
@@ -560,9 +529,8 @@ def _slice(b, a, s, d, src):
     dim = (a[1] if len(a) > 1 else 0) % len(x.shape)
     start = a[2] if len(a) > 2 and a[2] is not None else 0
     step = a[4] if len(a) > 4 else 1
-    if step != 1:
-        return None
     start = max(0, start + x.shape[dim] if start < 0 else start)
     if tuple(x.shape) == s:
         return x
-    return b.add("slice", (x,), s, d, src, dim=dim, start=min(start, x.shape[dim]))
+    every = {"step": step} if step != 1 and s[dim] > 1 else {}    # x[..., ::2] (GPT-J's interleaved halves)
+    return b.add("slice", (x,), s, d, src, dim=dim, start=min(start, x.shape[dim]), **every)

@@ -247,12 +247,25 @@ def _index_grid(expr: Affine, vars_: tuple[Var, ...], device) -> torch.Tensor:
     return out
 
 
+def outside(e: Affine, size: int) -> tuple[bool, bool]:
+    """Whether index e, over its variables' ranges, can fall below 0 and whether it can reach `size`: a piece
+    of a cat read at the joined axis' index minus its offset (those reads load 0, and the cat's where does
+    not pick them)."""
+    low = e.const + sum(c * (v.extent - 1) for v, c in e.terms if c < 0)
+    high = e.const + sum(c * (v.extent - 1) for v, c in e.terms if c > 0)
+    return low < 0, high >= size
+
+
 def _eval_node(n: LNode, vals, args, device) -> torch.Tensor:
     cd = _compute_dtype(n.dtype)
     if n.op == "load":
         src = args[n.attrs["input"]] if isinstance(n.attrs["input"], int) else vals[n.attrs["input"]]
         idx = [_index_grid(e, n.vars, device) for e in n.attrs["index"]]
-        t = src[tuple(idx)] if idx else src.reshape(())
+        inside = [(i >= 0) & (i < size) for i, e, size in zip(idx, n.attrs["index"], src.shape)
+                  if any(outside(e, size))]
+        t = src[tuple(i.clamp(0, max(size - 1, 0)) for i, size in zip(idx, src.shape))] if idx else src.reshape(())
+        for ok in inside:
+            t = torch.where(ok, t, torch.zeros((), dtype=t.dtype, device=device))
         return t.expand([v.extent for v in n.vars]).to(cd)
     if n.op == "iota":
         return _index_grid(n.attrs["expr"], n.vars, device).expand([v.extent for v in n.vars]).to(cd)

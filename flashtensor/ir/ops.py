@@ -31,6 +31,7 @@ class Op(enum.StrEnum):
     EXPAND = "expand"
     SELECT = "select"
     SLICE = "slice"
+    CAT = "cat"
     # elementwise
     NEG = "neg"
     EXP = "exp"
@@ -45,6 +46,8 @@ class Op(enum.StrEnum):
     RECIPROCAL = "reciprocal"
     LOGICAL_NOT = "logical_not"
     LOG2_APPROX = "log2_approx"
+    EXPM1 = "expm1"
+    LOG1P = "log1p"
     ADD = "add"
     SUB = "sub"
     MUL = "mul"
@@ -76,6 +79,9 @@ class Op(enum.StrEnum):
     TRIL = "tril"
     ADDMM = "addmm"
     LINEAR = "linear"
+    ELU = "elu"
+    LOG_SIGMOID = "log_sigmoid"
+    NAN_TO_NUM = "nan_to_num"
     # loop form only
     LOAD = "load"
     SCALAR = "scalar"
@@ -139,6 +145,9 @@ UNARY_OPS: dict[Op, Elementwise] = {
     # log2 that kernels may compute as coarsely as exp2 (the GPU's approximate unit); only ever inside an
     # exponential's argument, where an absolute error of ~1e-7 is a relative one in the result
     Op.LOG2_APPROX: Elementwise(torch.log2, "_log2_approx({}, False)"),
+    # without exp(x) - 1's and log(1 + x)'s cancellation near 0 (the helpers say how)
+    Op.EXPM1: Elementwise(torch.expm1, "_expm1({})", ("expm1.default",)),
+    Op.LOG1P: Elementwise(torch.log1p, "_log1p({})", ("log1p.default",)),
 }
 BINARY_OPS: dict[Op, Elementwise] = {
     Op.ADD: Elementwise(torch.add, "({} + {})", _cmp("add")),
@@ -149,7 +158,9 @@ BINARY_OPS: dict[Op, Elementwise] = {
                             "tl.maximum({}, {}, propagate_nan=tl.PropagateNan.ALL)", ("maximum.default",)),
     Op.MINIMUM: Elementwise(_extreme(torch.minimum, torch.clamp_max),
                             "tl.minimum({}, {}, propagate_nan=tl.PropagateNan.ALL)", ("minimum.default",)),
-    Op.POW: Elementwise(torch.pow, None, ("pow.Tensor_Scalar", "pow.Tensor_Tensor")),
+    # a float power (a tensor base and exponent: RetNet's decay gamma ** (i - j)) with torch's signs and special
+    # cases; x ** 2 is codegen/forms.py's x * x, as eager computes it
+    Op.POW: Elementwise(torch.pow, "_pow({}, {})", ("pow.Tensor_Scalar", "pow.Tensor_Tensor")),
     Op.EQ: Elementwise(torch.eq, "({} == {})", _cmp("eq")),
     Op.NE: Elementwise(torch.ne, "({} != {})", _cmp("ne")),
     Op.LT: Elementwise(torch.lt, "({} < {})", _cmp("lt")),
@@ -164,13 +175,14 @@ ELEMENTWISE: dict[Op, Elementwise] = {**UNARY_OPS, **BINARY_OPS}
 
 GROUP: dict[Op, Group] = {
     **{op: Group.SOURCE for op in (Op.INPUT, Op.CONST, Op.FULL, Op.IOTA)},
-    **{op: Group.LAYOUT for op in (Op.PERMUTE, Op.RESHAPE, Op.EXPAND, Op.SELECT, Op.SLICE)},
+    **{op: Group.LAYOUT for op in (Op.PERMUTE, Op.RESHAPE, Op.EXPAND, Op.SELECT, Op.SLICE, Op.CAT)},
     **{op: Group.UNARY for op in UNARY_OPS},
     **{op: Group.BINARY for op in BINARY_OPS},
     Op.CAST: Group.SELECT, Op.WHERE: Group.SELECT,
     Op.REDUCE: Group.REDUCE, Op.MATMUL: Group.CONTRACT,
     **{op: Group.COMPOSITE for op in (Op.SOFTMAX, Op.LOG_SOFTMAX, Op.MEAN, Op.NORM, Op.CLAMP, Op.MASKED_FILL,
-                                      Op.TRIU, Op.TRIL, Op.ADDMM, Op.LINEAR)},
+                                      Op.TRIU, Op.TRIL, Op.ADDMM, Op.LINEAR, Op.ELU, Op.LOG_SIGMOID,
+                                      Op.NAN_TO_NUM)},
     **{op: Group.LOOP for op in (Op.LOAD, Op.SCALAR, Op.REDUCE_AXES)},
     Op.OPAQUE: Group.EAGER,
 }
@@ -221,7 +233,8 @@ def _tri(lower: bool) -> Callable:
 
 
 def _slice(n: Any, x: torch.Tensor) -> torch.Tensor:
-    return x.narrow(n.attrs["dim"], n.attrs["start"], n.shape[n.attrs["dim"]])
+    d, start, step = n.attrs["dim"], n.attrs["start"], n.attrs.get("step", 1)
+    return x[(slice(None),) * d + (slice(start, start + (n.shape[d] - 1) * step + 1, step),)]
 
 
 TENSOR = "<tensor>"     # an opaque call's tensor argument, in its `arg_spec` and `kwargs`
@@ -274,6 +287,7 @@ EVAL: dict[Op, Callable] = {
     Op.EXPAND: lambda n, x: x.expand(n.shape),
     Op.SELECT: lambda n, x: x.select(n.attrs["dim"], n.attrs["index"]),
     Op.SLICE: _slice,
+    Op.CAT: lambda n, *xs: torch.cat(xs, n.attrs["dim"]),
     Op.CONST: lambda n: n.attrs["value"],
     Op.FULL: lambda n: torch.full(n.shape, n.attrs["value"], dtype=n.dtype, device=n.attrs["device"]),
     Op.IOTA: _iota,
@@ -287,5 +301,8 @@ EVAL: dict[Op, Callable] = {
     Op.TRIL: _tri(True),
     Op.ADDMM: lambda n, b, x, w: torch.addmm(b, x, w),
     Op.LINEAR: lambda n, x, w, b=None: F.linear(x, w, b),
+    Op.ELU: lambda n, x: torch.ops.aten.elu(x, n.attrs["alpha"], n.attrs["scale"], n.attrs["input_scale"]),
+    Op.LOG_SIGMOID: lambda n, x: F.logsigmoid(x),
+    Op.NAN_TO_NUM: lambda n, x: torch.nan_to_num(x, n.attrs["nan"], n.attrs["posinf"], n.attrs["neginf"]),
     Op.OPAQUE: _opaque,
 }

@@ -3,9 +3,12 @@
 softmax -> max, sub, exp, sum, div; log_softmax -> max, sub, exp, sum, log, sub;
 mean -> sum, div; norm(p=1) -> abs, sum; norm(p=2) -> mul, sum, sqrt;
 masked_fill -> where; triu/tril -> where over index tensors; clamp -> maximum/minimum;
-addmm/linear -> matmul, add. The result is evaluated by the same reference evaluator.
+addmm/linear -> matmul, add; elu -> where, expm1; log_sigmoid -> minimum, exp, log1p; nan_to_num -> where.
+The result is evaluated by the same reference evaluator.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -111,8 +114,48 @@ def _linear(b: Builder, n: Node, x: Node, w: Node, bias: Node | None = None) -> 
     return mm if bias is None else b.add("add", (mm, bias), n.shape, n.dtype, n.source)
 
 
+def _elu(b: Builder, n: Node, x: Node) -> Node:
+    """elu(x) = x * scale where x > 0, else expm1(x * input_scale) * alpha * scale; in float32 for half x."""
+    s, a = n.source, n.attrs
+    x = _cast(b, x, _COMPUTE.get(n.dtype, n.dtype), s)
+    neg = b.add("expm1", (_times(b, x, a["input_scale"], s),), x.shape, x.dtype, s)
+    keep = b.add("gt", (x, 0.0), x.shape, torch.bool, s)
+    out = b.add("where", (keep, _times(b, x, a["scale"], s), _times(b, neg, a["alpha"] * a["scale"], s)),
+                x.shape, x.dtype, s)
+    return _cast(b, out, n.dtype, s)
+
+
+def _times(b: Builder, x: Node, c: float, src: str) -> Node:
+    return x if c == 1 else b.add("mul", (x, float(c)), x.shape, x.dtype, src)
+
+
+def _log_sigmoid(b: Builder, n: Node, x: Node) -> Node:
+    """log sigmoid(x) = min(x, 0) - log1p(exp(-|x|)), eager's formula, finite for every finite x; in float32
+    for half x."""
+    s = n.source
+    x = _cast(b, x, _COMPUTE.get(n.dtype, n.dtype), s)
+    e = b.add("exp", (b.add("neg", (b.add("abs", (x,), x.shape, x.dtype, s),), x.shape, x.dtype, s),),
+              x.shape, x.dtype, s)
+    out = b.add("sub", (b.add("minimum", (x, 0.0), x.shape, x.dtype, s),
+                        b.add("log1p", (e,), x.shape, x.dtype, s)), x.shape, x.dtype, s)
+    return _cast(b, out, n.dtype, s)
+
+
+def _nan_to_num(b: Builder, n: Node, x: Node) -> Node:
+    """NaN, +inf and -inf replaced by the given values, by default 0 and the dtype's largest and smallest."""
+    s, a, f = n.source, n.attrs, torch.finfo(n.dtype)
+    for test, value in ((("eq", -math.inf), f.min if a["neginf"] is None else a["neginf"]),
+                        (("eq", math.inf), f.max if a["posinf"] is None else a["posinf"]),
+                        (("ne", None), 0.0 if a["nan"] is None else a["nan"])):
+        op, c = test
+        cond = b.add(op, (x, x if c is None else c), x.shape, torch.bool, s)
+        x = b.add("where", (cond, float(value), x), x.shape, n.dtype, s)
+    return x
+
+
 # one rule per composite op (ir.ops.COMPOSITE)
 _RULES = {
     Op.SOFTMAX: _softmax, Op.LOG_SOFTMAX: _softmax, Op.MEAN: _mean, Op.NORM: _norm, Op.CLAMP: _clamp,
     Op.MASKED_FILL: _masked_fill, Op.TRIU: _tri(False), Op.TRIL: _tri(True), Op.ADDMM: _addmm, Op.LINEAR: _linear,
+    Op.ELU: _elu, Op.LOG_SIGMOID: _log_sigmoid, Op.NAN_TO_NUM: _nan_to_num,
 }

@@ -292,14 +292,14 @@ class _Lowerer:
                 idx //= v.extent
             new_axis: list[Var] = []
         else:
-            start, size = n.attrs["start"], n.shape[d]
+            start, size, step = n.attrs["start"], n.shape[d], n.attrs.get("step", 1)
             inner = 1
             for v in atoms[1:]:
                 inner *= v.extent
-            if not atoms or start % inner or size % inner:
+            if not atoms or start % inner or size % inner or (step != 1 and inner != 1):
                 raise LoweringError(n, "slice that does not align with the axis' variables")
             lead = Var(size // inner) if size // inner != 1 else None
-            sub[atoms[0]] = (Affine.of(lead) if lead else Affine()) + Affine((), start // inner)
+            sub[atoms[0]] = (Affine.of(lead).scale(step) if lead else Affine()) + Affine((), start // inner)
             new_axis = ([lead] if lead else []) + atoms[1:]
         node = Rebuilder(self.s).rebuild(x.node, sub)
         axes = [list(ax) for ax in x.axes]
@@ -309,6 +309,33 @@ class _Lowerer:
             axes[d] = new_axis
         return _LV(node, axes)
 
+    def cat(self, n: Node, a: list) -> _LV:
+        """cat: a fresh variable w over the joined axis; each piece is re-derived at w minus its offset (its
+        reads past its own range load 0) and picked by where over w's index."""
+        d = n.attrs["dim"]
+        a = self.rename_apart(a, [list(range(len(n.shape)))] * len(a))
+        axes: list[list[Var]] = []
+        for k in range(len(n.shape)):
+            cands = [x.axes[k] for x in a if x.axes[k]] if k != d else []
+            for c in cands[1:]:
+                self.s.unify(cands[0], c, n)
+            axes.append(list(cands[0]) if cands else [])
+        w = Var(n.shape[d])
+        axes[d] = [w]
+        picks, start = [], 0
+        for x, piece in zip(a, n.args):
+            atoms = self.s.axis_atoms(x.axes[d])
+            if len(atoms) > 1:
+                raise LoweringError(n, "cat along an axis that merges several variables")
+            sub = {atoms[0]: Affine.of(w) + Affine((), -start)} if atoms else {}
+            start += piece.shape[d]
+            picks.append((Rebuilder(self.s).rebuild(x.node, sub), start))
+        index = LNode(Op.IOTA, (), torch.int64, (w,), {"expr": Affine.of(w)})
+        out = picks[-1][0]
+        for node, end in reversed(picks[:-1]):
+            out = _mk("where", (_mk("lt", (index, end), torch.bool), node, out), n.dtype)
+        return _LV(out, axes)
+
 
 # how each op of the decomposed graph becomes loop form; what is not here has no fused lowering
 _LOWER: dict[Op, Callable[[_Lowerer, Node, list], _LV]] = {
@@ -317,7 +344,7 @@ _LOWER: dict[Op, Callable[[_Lowerer, Node, list], _LV]] = {
     **{op: _Lowerer.elementwise for op in BINARY}, Op.WHERE: _Lowerer.elementwise,
     Op.REDUCE: _Lowerer.reduce, Op.MATMUL: _Lowerer.matmul,
     Op.PERMUTE: _Lowerer.permute, Op.RESHAPE: _Lowerer.reshape, Op.EXPAND: _Lowerer.expand,
-    Op.SELECT: _Lowerer.index, Op.SLICE: _Lowerer.index,
+    Op.SELECT: _Lowerer.index, Op.SLICE: _Lowerer.index, Op.CAT: _Lowerer.cat,
 }
 
 

@@ -1,0 +1,132 @@
+"""Elementwise ops real attention programs use (elu, logsigmoid, expm1, log1p, nan_to_num, pow with a tensor
+base, the log of a float arange): their Triton helpers against torch on special values, and programs written
+the way their repositories write them, fused and matching eager in float32 and fp16 on fresh random inputs."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from conftest import assert_close, compiled_matches_eager
+from flashtensor.codegen.triton_helpers import _expm1, _log1p, _pow
+
+INF, NAN = math.inf, math.nan
+
+
+@triton.jit
+def _binary_kernel(b_ptr, e_ptr, out_ptr, N: tl.constexpr, SCALAR_BASE: tl.constexpr):
+    o = tl.arange(0, N)
+    b = tl.load(b_ptr) if SCALAR_BASE else tl.load(b_ptr + o)
+    tl.store(out_ptr + o, _pow(b, tl.load(e_ptr + o)))
+
+
+@triton.jit
+def _unary_kernel(x_ptr, expm1_ptr, log1p_ptr, N: tl.constexpr):
+    o = tl.arange(0, N)
+    x = tl.load(x_ptr + o)
+    tl.store(expm1_ptr + o, _expm1(x))
+    tl.store(log1p_ptr + o, _log1p(x))
+
+
+def test_pow_helper_has_torch_special_values():
+    """Zero and signed-zero bases, negative bases with odd, even and fractional exponents, infinities, NaN, and
+    the cases C's pow fixes to 1; then a per-program scalar base against integer exponents of both signs."""
+    b = torch.tensor([0., -0., -2., -2., 2., -1., 1., NAN, -8., .9, .5, -INF, INF, -1., 3., -0.])
+    e = torch.tensor([-1., -1., 3., .5, -2., INF, NAN, 0., 1 / 3, -3., 4., 3., -1., 5., .5, 2.])
+    out = torch.empty(16)
+    _binary_kernel[(1,)](b, e, out, 16, False)
+    torch.testing.assert_close(out, torch.pow(b, e), rtol=1e-6, atol=0, equal_nan=True)
+    assert torch.equal(torch.signbit(out[:2]), torch.tensor([False, True]))
+    gamma, n = torch.tensor([0.96875]), torch.arange(-8, 8)
+    _binary_kernel[(1,)](gamma, n, out, 16, True)
+    torch.testing.assert_close(out, torch.pow(gamma, n), rtol=1e-6, atol=0)
+    assert out[8] == 1.0           # gamma ** 0, the decay mask's diagonal, exactly
+
+
+def test_expm1_and_log1p_helpers_keep_small_arguments():
+    x = torch.tensor([-1e-10, -1e-5, 1e-7, 30., -100., 100., INF, -INF, NAN, -1., -.5, .3, 1e30, -0., 0., 88.])
+    em, lp = torch.empty(16), torch.empty(16)
+    _unary_kernel[(1,)](x, em, lp, 16)
+    torch.testing.assert_close(em, torch.expm1(x), rtol=2e-6, atol=0, equal_nan=True)
+    torch.testing.assert_close(lp, torch.log1p(x), rtol=2e-6, atol=0, equal_nan=True)
+
+
+def rand(*shape, seed, dtype):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def elu_linear_attention(q, k, v):
+    """fast-transformers' elu feature map (F.elu(x) + 1), here with causal softmax-free weights normalised
+    by their row sums; alpha given as the ELU paper's keyword."""
+    qf, kf = F.elu(q) + 1, F.elu(k, alpha=0.5) + 1
+    w = (qf @ kf.transpose(-2, -1)).tril()
+    return (w / w.sum(dim=-1, keepdim=True)) @ v
+
+
+def forgetting_attention(q, k, v, f):
+    """Forgetting Transformer (FoX) style: a log-sigmoid forget gate per key added to the scores, causal."""
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + F.logsigmoid(f)[..., None, :]
+    mask = torch.ones(s.shape[-2:], dtype=torch.bool).triu(1)
+    return torch.softmax(s.masked_fill(mask, -INF), dim=-1) @ v
+
+
+def nan_to_num_attention(q, k, v, mask):
+    """A softmax over rows that may be fully masked (NaN there), cleaned with torch.nan_to_num, as padding-aware
+    repositories do."""
+    s = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(mask, -INF)
+    return torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0) @ v
+
+
+def retention_decay(q, k, v, gamma):
+    """RetNet's decay mask gamma ** (i - j), a float base per head and an integer exponent, causal."""
+    i = torch.arange(q.shape[-2])[:, None]
+    j = torch.arange(k.shape[-2])[None, :]
+    decay = torch.where(j <= i, gamma[:, None, None] ** (i - j), 0.0)
+    return ((q @ k.transpose(-2, -1)) * decay.to(q.dtype)) @ v
+
+
+def log_length_scaled(q, k, v):
+    """Scalable softmax / log-n scaling: each query's scores times log(position + 2), a float arange."""
+    n = torch.log(torch.arange(q.shape[-2], dtype=torch.float32) + 2.0)
+    s = q @ k.transpose(-2, -1) * (n[:, None] / math.sqrt(q.shape[-1])).to(q.dtype)
+    return torch.softmax(s, dim=-1) @ v
+
+
+def _args(name, dtype):
+    q, k, v = (rand(1, 2, 40, 16, seed=s, dtype=dtype) for s in (1, 2, 3))
+    if name == "forgetting_attention":
+        return q, k, v, rand(1, 2, 40, seed=4, dtype=dtype) * 3
+    if name == "nan_to_num_attention":
+        mask = torch.rand(40, 40, generator=torch.Generator().manual_seed(5)) < 0.3
+        mask[7] = True                         # a row with no key left: NaN in eager's softmax
+        return q, k, v, mask
+    if name == "retention_decay":
+        return q, k, v, 1 - 2.0 ** (-5 - torch.arange(2, dtype=torch.float32))
+    return q, k, v
+
+
+PROGRAMS = [elu_linear_attention, forgetting_attention, nan_to_num_attention, retention_decay, log_length_scaled]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("fn", PROGRAMS, ids=lambda f: f.__name__)
+def test_programs_with_these_ops_fuse_and_match_eager(fn, dtype):
+    _, compiled = compiled_matches_eager(fn, _args(fn.__name__, dtype))
+    (program,) = compiled.programs.values()
+    assert program.launches and not program.notes, program.notes
+
+
+def test_nan_to_num_replaces_what_eager_replaces():
+    """Infinities and NaN in an input, replaced by the defaults (the dtype's extremes) and by given values."""
+    x = rand(64, 16, seed=6, dtype=torch.float32)
+    x[3, :4] = torch.tensor([NAN, INF, -INF, 1.0])
+
+    def fn(x):
+        return torch.nan_to_num(x) * 0.5, torch.nan_to_num(x, nan=1.0, posinf=2.0, neginf=-3.0).sum(dim=-1)
+
+    out, compiled = compiled_matches_eager(fn, (x,))
+    assert_close(out, fn(x))
+    (program,) = compiled.programs.values()
+    assert program.launches and not program.notes, program.notes
