@@ -210,8 +210,11 @@ class Emitter(Tiles):
             expr = self.bcast(raw, have, canon) if raw and len(have) == 2 else None
         else:
             expr = None
+        literal = None
         if expr is None:
             expr = self.product(factors, canon, ctx, lines)
+            if _literal(expr):      # a constant the region's facts give (0 in a folded tile): no `.to` on a float
+                literal = expr
             if mask_loop or (self.blk[k] != k.extent and k is not self.s.loop):
                 expr = f"tl.where({self.idx(k, canon)} < {k.extent}, {expr}, 0.0)"
             if prec:
@@ -220,7 +223,10 @@ class Emitter(Tiles):
                 expr = round_to(torch.bfloat16, expr)   # interpreter: bf16 operands, rounded as on the GPU
         var = self.fresh("op")
         shape = ", ".join(str(self.blk[v]) for v in canon)
-        lines.append(f"{var} = tl.broadcast_to({expr}, ({shape}))")
+        if literal is not None:
+            lines.append(f"{var} = tl.full(({shape}), {literal}, {TL[prec] if prec else 'tl.float32'})")
+        else:
+            lines.append(f"{var} = tl.broadcast_to({expr}, ({shape}))")
         return var if canon == want else f"tl.trans({var})"
 
     def extreme(self, n: LNode, kind: str, e: str, axis: int) -> str:
@@ -286,3 +292,12 @@ class Emitter(Tiles):
                 den.append(self.arg(f, tv, ctx))
         e = " * ".join(num) if num else "1.0"
         return e + "".join(f" / {d}" for d in den)
+
+
+def _literal(expr: str) -> bool:
+    """Whether an emitted expression is a number literal (a value the facts fix), not a tensor."""
+    try:
+        float(expr.strip("()"))
+    except ValueError:
+        return False
+    return True

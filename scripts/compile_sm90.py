@@ -1,0 +1,160 @@
+"""Compile generated kernels for an sm_90 GPU (the H200) on a machine without one, to find the kernels Triton
+cannot build there before a GPU run does: Triton's interpreter, which runs them on the CPU, accepts code the GPU
+compiler rejects.
+
+    .venv/bin/python scripts/compile_sm90.py [HELD_PROGRAMS...] [--dtype fp16] [--configs N]
+
+For each held program (flashtensor/bench/programs.py) at the GPU shapes, on meta tensors, every kernel of every
+candidate partition is emitted at the first N tile configurations and compiled through Triton's NVIDIA backend
+to a cubin (ptxas ships with Triton), in both modes (MODE 0 and the fixup pass). Exits 1 if any fails.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib.util
+import os
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT)]
+
+from flashtensor import driver  # noqa: E402
+from flashtensor.bench import programs  # noqa: E402
+from flashtensor.codegen.kernel import emit_kernel  # noqa: E402
+from flashtensor.options import Options  # noqa: E402
+from flashtensor.runtime.plan import Plan  # noqa: E402
+
+_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64",
+          torch.int32: "i32", torch.int64: "i64", torch.bool: "i1", torch.int8: "i8", torch.uint8: "u8"}
+
+
+def _meta(a: Any) -> Any:
+    return torch.empty_like(a, device="meta") if isinstance(a, torch.Tensor) else a
+
+
+def _where(e: Exception) -> str:
+    """The failing source line and the error, from Triton's CompilationError text."""
+    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+    at = next((ln.strip() for ln in reversed(lines) if not ln.strip().startswith("^")), "")
+    return f"{lines[-1][:200]} (at: {at[:200]})" if lines else ""
+
+
+def _module(path: Path, name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_HELPERS = "flashtensor.codegen.triton_helpers"
+
+
+@functools.cache
+def _compiled_helpers() -> Any:
+    """One copy of the helpers module whose `@triton.jit` functions are compiled ones (made once: Triton's code
+    generator fails on a kernel whose helpers come from a second copy)."""
+    return _module(ROOT / "flashtensor" / "codegen" / "triton_helpers.py", _HELPERS)
+
+
+def _compiled_module(path: Path) -> Any:
+    """Import a kernel file as the GPU compiler sees it, also in a process running Triton's interpreter (the
+    tests): its `@triton.jit` functions, and the helpers it imports, are then compiled ones, not interpreted."""
+    saved, interpret = sys.modules.get(_HELPERS), os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "0"
+    try:
+        sys.modules[_HELPERS] = _compiled_helpers()
+        return _module(path, path.stem)
+    finally:
+        if saved is not None:
+            sys.modules[_HELPERS] = saved
+        if interpret is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = interpret
+
+
+def _compile(src: Any, where: Path) -> list[str]:
+    """Compile one KernelSource for sm_90 in both modes; the errors (empty when both build)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    path = where / f"{src.name}_{abs(hash(src.source))}.py"
+    path.write_text(src.source)
+    fn = getattr(_compiled_module(path), src.name)
+    sig = {b.name: "*" + _TYPES[b.dtype] for b in src.buffers}
+    errors = []
+    for mode in (0, 1) if src.fixup else (0,):
+        try:
+            triton.compile(ASTSource(fn=fn, signature={**sig, "MODE": "constexpr", "PDL": "constexpr"},
+                                     constexprs={"MODE": mode, "PDL": True}),
+                           target=GPUTarget("cuda", 90, 32),
+                           options={"num_warps": src.num_warps, "num_stages": src.num_stages})
+        except Exception as e:  # noqa: BLE001 - every failure is a finding
+            errors.append(f"MODE={mode}: {type(e).__name__}: {_where(e)} (source: {path})")
+    return errors
+
+
+def check(name: str, dtype: torch.dtype, configs: int, where: Path) -> list[str]:
+    fn, args = programs.make(name, device="cpu", dtype=dtype, **programs.GPU)
+    args = [_meta(a) for a in args]
+    positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+
+    def tensor_fn(*tensors: torch.Tensor) -> Any:
+        full = list(args)
+        for i, t in zip(positions, tensors):
+            full[i] = t
+        return fn(*full)
+
+    failures, k, count = [], 0, 1
+    while k < count:
+        call = driver.Call(tensor_fn, [args[i] for i in positions], torch.device("cpu"), Options(candidate=k))
+        plan = Plan()
+        try:
+            driver._run(driver.FRONT, plan, call)
+            if not plan.stages["fusable"].outputs:
+                return failures
+            driver._run(driver.SEARCH[:-1], plan, call)      # every stage but tune
+        except (driver.LoweringError, driver.PartitionError, driver.ScheduleError):
+            return failures
+        count = len(plan.stages["partition"])
+        for specs in plan.stages["emit"].values():
+            for spec in specs:
+                for cfg in call.options.configs[:configs]:
+                    try:
+                        errors = _compile(emit_kernel(spec, cfg), where)
+                    except Exception:  # noqa: BLE001
+                        errors = ["emit: " + traceback.format_exc().strip().splitlines()[-1]]
+                    failures += [f"{name} cand{k} {spec.name} {cfg}: {e}" for e in errors]
+        k += 1
+    return failures
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("programs", nargs="*", default=programs.NAMES)
+    ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16", "fp32"])
+    ap.add_argument("--configs", type=int, default=1)
+    a = ap.parse_args()
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype]
+    failures = []
+    d = Path(tempfile.mkdtemp(prefix="sm90-"))      # kept: a failure names its kernel's file here
+    for name in a.programs:
+        found = check(name, dtype, a.configs, d)
+        print(f"{name} {a.dtype}: " + ("ok" if not found else f"{len(found)} failed"), flush=True)
+        failures += found
+    for f in failures:
+        print("FAIL", f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
