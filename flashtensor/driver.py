@@ -282,7 +282,7 @@ def _log_plan(c: int, plans: list[KernelPlan], schedules: list[Schedule]) -> Non
         log.debug("partition %d kernel %d plan: stores %s, loads %s", c, k, p.roots,
                   sorted(p.loads, key=lambda n: n.name))
         log.debug("partition %d kernel %d schedule: batch %s, row %s, loop %s, whole %s, %d pass(es), skip %s",
-                  c, k, s.batch, s.row, s.loop, s.whole, s.passes, [str(h) for h in s.skip])
+                  c, k, s.batch, s.row, s.loop, s.whole, s.passes, [" and ".join(map(str, reg)) for reg in s.skip])
 
 
 def _tuned(la: Launch) -> str:

@@ -1,14 +1,23 @@
 """Masks as real code builds them: huge finite constants (torch.finfo(dtype).min, -finfo.max, -1e9) added or
 filled in, HF-style padding masks, fully masked rows. Eager keeps every such value finite, so the kernels must
-too: log2 e folded into the constant would overflow float32 (NaN everywhere, or an fp64 literal in a kernel)."""
+too: log2 e folded into the constant would overflow float32 (NaN everywhere, or an fp64 literal in a kernel).
+Such masks, and disjunctions of index predicates (attention sinks or a window), skip the tiles they mask where
+every row keeps an unmasked element; a fully masked row still gives eager's values."""
 import math
 import re
+import warnings
 
 import pytest
 import torch
 
 import flashtensor as ft
-from conftest import compiled_matches_eager
+from conftest import assert_close, compiled_matches_eager
+from flashtensor import driver
+from flashtensor.bench import programs
+from flashtensor.codegen import loop
+from flashtensor.codegen.emitter import Emitter
+from flashtensor.options import CONFIGS, Options, TileConfig
+from flashtensor.runtime.plan import Plan
 
 B, H, S, D = 2, 2, 70, 16
 
@@ -22,7 +31,7 @@ def _padded(q, k, v, mask):
 
 def _causal_full(q, k, v):
     s = q @ k.transpose(-1, -2) / math.sqrt(D)
-    causal = torch.full((S, S), torch.finfo(s.dtype).min, dtype=s.dtype).triu(1)
+    causal = torch.full((S, S), torch.finfo(s.dtype).min, dtype=s.dtype, device=s.device).triu(1)
     return torch.softmax(s + causal, dim=-1) @ v
 
 
@@ -69,3 +78,195 @@ def test_causal_mask_of_finfo_min_is_one_online_pass(dtype):
                          ids=["finfo.min", "-finfo.max", "-1e9", "-inf"])
 def test_masked_fill_constants(fill):
     _check(_filled(fill), _inputs(torch.float32, 2))
+
+
+# ---- huge finite constants skip tiles, where every row keeps an unmasked element ------------------------------
+
+TILES = (TileConfig(16, 16, 4, 2),)      # small tiles, so that small shapes have whole tiles to skip
+
+
+def _skips(fn, args) -> list[str]:
+    """Compile with small tiles, match eager, and return the skipped regions that explain shows."""
+    compiled = ft.compile(fn, cache=False, configs=TILES)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = compiled(*args)
+    assert_close(out, fn(*args))
+    assert compiled.program_for(args).launches
+    return [r for p in ft.explain(compiled, *args).properties for r in p.skipped]
+
+
+def _bottom_right(s):
+    """Index tensors of a bottom-right aligned causal mask: query i sits at key position i + kv_len - q_len."""
+    q_len, kv_len = s.shape[-2:]
+    return (torch.arange(q_len, device=s.device)[:, None] + (kv_len - q_len),
+            torch.arange(kv_len, device=s.device)[None, :])
+
+
+def _scores(q, k):
+    return q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+
+
+MASKS = {   # the causal mask as Hugging Face, nanoGPT-like and x-transformers code writes it
+    "masked_fill finfo.min": lambda s, i, j: s.masked_fill(j > i, torch.finfo(s.dtype).min),
+    "(1 - mask) * finfo.min": lambda s, i, j: s + (1.0 - (j <= i).to(s.dtype)) * torch.finfo(s.dtype).min,
+    "full(finfo.min).triu": lambda s, i, j: s + torch.full(s.shape[-2:], torch.finfo(s.dtype).min,
+                                                           dtype=s.dtype, device=s.device).triu(s.shape[-1] - s.shape[-2] + 1),
+    "-1e9": lambda s, i, j: s.masked_fill(j > i, -1e9),
+    "-finfo.max": lambda s, i, j: s.masked_fill(j > i, -torch.finfo(s.dtype).max),
+}
+# -1e9 overflows fp16: eager's masked_fill raises there
+COMBOS = [(m, dt) for m in MASKS for dt in (torch.float32, torch.float16) if (m, dt) != ("-1e9", torch.float16)]
+
+
+def _causal(mask):
+    def fn(q, k, v):
+        s = _scores(q, k)
+        return torch.softmax(MASKS[mask](s, *_bottom_right(s)).float(), dim=-1).to(q.dtype) @ v
+    return fn
+
+
+def _qkv(dtype, q_len, kv_len):
+    g = torch.Generator().manual_seed(int(torch.randint(1 << 30, ())))
+    q = torch.randn(B, H, q_len, D, generator=g).to(dtype)
+    return q, *(torch.randn(B, H, kv_len, D, generator=g).to(dtype) for _ in range(2))
+
+
+@pytest.mark.parametrize("mask, dtype", COMBOS)
+def test_huge_finite_causal_masks_skip_the_masked_tiles(mask, dtype):
+    """exp(s + c - m) is exactly 0 for c = finfo.min or -1e9 once the row max is attained at an unmasked key,
+    which the diagonal gives every row: the tiles above it are skipped, as with -inf (fp16 rounds s + finfo.min
+    to -65504 as eager does)."""
+    skipped = _skips(_causal(mask), _qkv(dtype, S, S))
+    assert len(skipped) == 1 and " and " not in skipped[0], skipped      # j - i - 1 >= 0, on every row
+
+
+@pytest.mark.parametrize("mask, dtype", [c for c in COMBOS if c[0] in ("masked_fill finfo.min", "-1e9")])
+def test_fully_masked_rows_of_a_huge_mask_give_eagers_values(mask, dtype):
+    """q_len > kv_len bottom-right: the first q_len - kv_len rows have no key. Eager's finite answer there
+    (finfo.min absorbs s: uniform; -1e9 does not: a softmax of the scores) needs every tile of those rows, so
+    tiles are skipped only on row tiles past them: the skipped region carries the row condition."""
+    q_len, kv_len = 100, 40        # rows 0..59 have no key; the row tile 64..79 skips keys 32..39
+    args = _qkv(dtype, q_len, kv_len)
+    assert _causal(mask)(*args)[:, :, : q_len - kv_len].isfinite().all()
+    skipped = _skips(_causal(mask), args)
+    assert len(skipped) == 1 and " and " in skipped[0], skipped
+
+
+def _padded_causal(q, k, v, pad):
+    """A left-padded batch: an additive (B, S) padding mask from the data, the causal part by masked_fill with
+    finfo.min (transformers' get_extended_attention_mask, then the model's causal mask)."""
+    s = _scores(q, k) + pad[:, None, None, :].to(q.dtype)
+    s = s.masked_fill(torch.arange(S)[None, :] > torch.arange(S)[:, None], torch.finfo(s.dtype).min)
+    return torch.softmax(s.float(), dim=-1).to(q.dtype) @ v
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("fill", ["finfo.min", "-10000"])
+def test_left_padding_masks_whole_rows_and_matches_eager(fill, dtype):
+    """Padded query rows see only padded keys. With finfo.min in the padding (a huge value in an input, which
+    the facts cannot see), eager's rows are uniform over every key, the skipped ones too: the run-time check
+    finds the input is not moderate and the fixup pass computes every tile. With -10000 (moderate beside
+    finfo.min) the rows concentrate on their own keys and the skip is exact."""
+    q, k, v = _qkv(dtype, S, S)
+    pad = torch.zeros(B, S)
+    pad[0, :40] = torch.finfo(dtype).min if fill == "finfo.min" else -10000.0
+    pad[1, :3] = -10000.0
+    skipped = _skips(_padded_causal, (q, k, v, pad))
+    assert len(skipped) == 1 and " and " not in skipped[0], skipped
+
+
+# ---- disjunctions: attention sinks and a sliding window ---------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_attention_sinks_and_a_window_skip_the_keys_between_them(dtype):
+    """StreamingLLM's `(j <= i) & ((j < n_sink) | (j > i - window))` filled with finfo.min: the keys between
+    the sinks and the window (a region bounded on both sides, a gap in the loop: rows 96..111 skip keys
+    16..79) and those above the diagonal are skipped."""
+    q, k, v = _qkv(dtype, 128, 128)
+    skipped = _skips(lambda q, k, v: programs.streaming_sinks(q, k, v, 4, 16), (q, k, v))
+    assert len(skipped) == 2 and sum(" and " in r for r in skipped) == 1, skipped
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_sliding_window_skips_the_keys_before_it(dtype):
+    """Mistral's `(j > i) | (j <= i - window)` filled with finfo.min: two regions, one on each side."""
+    q, k, v = _qkv(dtype, 128, 128)
+    skipped = _skips(lambda q, k, v: programs.mistral_sliding_window(q, k, v, 16), (q, k, v))
+    assert len(skipped) == 2 and " and " not in "".join(skipped), skipped
+
+
+# ---- the loop's bounds, evaluated: which tiles a program visits -----------------------------------------------
+
+class _TL:
+    """The scalar arithmetic of the loop bounds (codegen/loop.py segments) in Python; operands are non-negative
+    where they divide, so floor division is Triton's."""
+    minimum, maximum = staticmethod(min), staticmethod(max)
+
+    @staticmethod
+    def where(c, a, b):
+        return a if c else b
+
+
+def _visits(fn, shapes, cfg=CONFIGS[0]):
+    """The first kernel's schedule, blocks and, per row tile, the loop tiles it visits (planned on meta tensors:
+    nothing runs)."""
+    args = [torch.empty(*sh, dtype=torch.float16, device="meta") for sh in shapes]
+    call = driver.Call(fn, args, torch.device("cpu"), Options(candidate=0))
+    plan = Plan()
+    driver._run(driver.FRONT, plan, call)
+    driver._run(driver.SEARCH[:-1], plan, call)
+    em = Emitter(plan.stages["emit"][0][0], cfg)
+    segs = loop.segments(em)
+    s = em.s
+    br, bl = em.blk[s.row], em.blk[s.loop]
+    visits = {}
+    for r0 in range(0, s.row.extent, br):
+        env = {"tl": _TL, "fin": 1, "r0": r0}
+        for line in em.pre:
+            exec(line, env)
+        visits[r0] = sorted({l0 for a, b, _, _ in segs for l0 in range(env[a], env[b], bl)})
+    return s, br, bl, visits
+
+
+def _inside(s, i, j) -> torch.Tensor:
+    """Whether (row i, loop j) lies in some skipped region (i, j broadcast index tensors)."""
+    out = torch.zeros(torch.broadcast_shapes(i.shape, j.shape), dtype=torch.bool)
+    for reg in s.skip:
+        ok = torch.ones_like(out)
+        for h in reg:
+            ok &= (h.const + h.coeff(s.row) * i + h.coeff(s.loop) * j) >= 0
+        out |= ok
+    return out
+
+
+SINKS = lambda q, k, v: programs.streaming_sinks(q, k, v, 4, q.shape[-2] // 4)   # noqa: E731
+WINDOW = lambda q, k, v: programs.mistral_sliding_window(q, k, v, q.shape[-2] // 4)   # noqa: E731
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("fn, q_len, kv_len", [(SINKS, 600, 600), (WINDOW, 600, 600),
+                                               (_causal("masked_fill finfo.min"), 700, 450)],
+                         ids=["sinks", "window", "fully-masked-rows"])
+def test_every_tile_left_out_lies_in_a_skipped_region(fn, q_len, kv_len):
+    """Each loop tile a program does not visit is wholly inside a skipped region, on every row of its tile."""
+    s, br, bl, visits = _visits(fn, [(1, 2, q_len, 16), (1, 1, kv_len, 16), (1, 1, kv_len, 16)])
+    left_out = 0
+    for r0, tiles in visits.items():
+        i = torch.arange(r0, min(r0 + br, q_len))[:, None]
+        for l0 in set(range(0, kv_len, bl)) - set(tiles):
+            assert _inside(s, i, torch.arange(l0, min(l0 + bl, kv_len))[None, :]).all(), (r0, l0)
+            left_out += 1
+    assert left_out > 0
+
+
+@pytest.mark.unit
+def test_sinks_and_a_window_visit_only_their_own_tiles_at_4096():
+    """At S=4096 (window 1024) a row tile past the window visits the sink tile and the window's tiles, the
+    same number whatever its row, and the whole plan about half the causal plan's tiles."""
+    shapes = [(1, 2, 4096, 128), (1, 1, 4096, 128), (1, 1, 4096, 128)]
+    _, br, bl, sinks = _visits(SINKS, shapes)
+    _, _, _, causal = _visits(_causal("masked_fill finfo.min"), shapes)
+    past = [len(t) for r0, t in sinks.items() if r0 >= 1024 + br]
+    assert len(set(past)) == 1 and past[0] <= 1 + (1024 + br) // bl + 2, past
+    assert sum(map(len, sinks.values())) <= 0.55 * sum(map(len, causal.values()))

@@ -9,6 +9,9 @@ themselves say the other operand is not finite (the row max of a fully masked ro
 -inf, so s - max is NaN there, not -inf) that region is cut out of the absorbed one.
 Finite inputs can still give non-finite values: `input_domains` says what a runtime check
 must also require of an input that a log, a square root or a division reads directly.
+Huge finite mask constants (finfo.min, -1e9) are a value class of their own (`Magnitudes`): an exp
+of one minus a row max that is not hugely negative is 0, which `Facts.neutral` and the zero facts
+of such exps give the schedule as regions to skip.
 """
 from __future__ import annotations
 
@@ -73,12 +76,38 @@ def _covering(region: Region, v) -> Region:
     return tuple(out)
 
 
+def _always(h: Affine) -> bool:
+    """Whether h >= 0 holds everywhere in its variables' index box."""
+    return h.const + sum(c * (v.extent - 1) for v, c in h.terms if c < 0) >= 0
+
+
+def _exists(region: Region, v) -> Optional[Region]:
+    """The region of the other variables on which `region` holds for some value of v in its range (a max over v
+    of a value that is not hugely negative there is not either), half-planes that always hold left out. Exact
+    where v's coefficients are +-1, as in index comparisons; None otherwise, or where it is empty."""
+    lows, ups = [Affine((), 0)], [Affine((), v.extent - 1)]     # v >= -low, v <= up
+    keep: list[Affine] = []
+    for h in region:
+        c = h.coeff(v)
+        rest = Affine(tuple((w, k) for w, k in h.terms if w is not v), h.const)
+        if c not in (-1, 0, 1):
+            return None
+        (keep if c == 0 else lows if c == 1 else ups).append(h if c == 0 else rest)
+    out = tuple(dict.fromkeys(h for h in keep + [lo + up for lo in lows for up in ups] if not _always(h)))
+    return None if _empty(out) else out
+
+
 class Facts:
     """Per-node affine values (for integer index arithmetic) and constant facts."""
 
     def __init__(self) -> None:
         self.affine: dict[LNode, Affine] = {}
         self.facts: dict[LNode, list[Fact]] = {}
+        self.magnitudes = Magnitudes()
+        self.huge: dict[LNode, list[Fact]] = {}        # (region, b): n <= b <= -HUGE there (or -inf)
+        self.above: dict[LNode, list[Region]] = {}     # n >= -MODERATE there
+        self.below: dict[LNode, list[Region]] = {}     # n <= MODERATE there
+        self.vanishing: list[LNode] = []               # exps that are 0 where their argument is hugely negative
 
     def of(self, n: LNode) -> list[Fact]:
         return self.facts.get(n, [])
@@ -86,7 +115,25 @@ class Facts:
     def run(self, nodes: list[LNode]) -> "Facts":
         for n in nodes:
             self.facts[n] = self._node(n)
+            self._classes(n)
         return self
+
+    def _classes(self, n: LNode) -> None:
+        """Where n is hugely negative (`huge`) and where it is not (`above`, `below`; see Magnitudes); an exp of a
+        hugely negative value is 0, a constant fact like any other (its node is kept in `vanishing`)."""
+        self.above[n], self.below[n], self.huge[n] = self.magnitudes.run(n, self)
+        if n.op in ("exp", "exp2") and (huge := self.huge.get(n.args[0])):
+            self.facts[n] = self.facts[n] + [(r, 0.0) for r, _ in huge]
+            self.vanishing.append(n)
+
+    def neutral(self, r: LNode) -> list[Region]:
+        """Regions where the argument of reduction r cannot change r's result: where it is r's identity, and for a
+        max, where it is hugely negative on rows that have an element that is not (which then beats it)."""
+        kind, x = r.attrs["kind"], r.args[0]
+        out = [reg for reg, v in self.of(x) if v == IDENTITY[kind]]
+        if kind == "max":
+            out += [_and(reg, rows) for reg, _ in self.huge.get(x, []) for rows in self.above.get(r, [])]
+        return out
 
     def _aff(self, a) -> Optional[Affine]:
         if isinstance(a, LNode):
@@ -177,6 +224,137 @@ class Facts:
                 out += [(reg, value) for reg in _defined(op, side, v, r, fs[1 - side])]
         out += _both(fs[0], fs[1], lambda a, b: _fold(op, a, b))
         return out
+
+
+# ---- magnitudes: where a value is hugely negative, and where it is not --------------------------------------
+
+HUGE = 2.0 ** 15       # a finite mask constant at least this large (finfo.min of every float type, -1e9) is huge
+MODERATE = 2.0 ** 14   # the inputs a skip by a huge constant relies on are checked to be at most this large
+_SCALE = 2.0 ** 8      # a multiply by a constant at most this large keeps a moderate value moderate
+_CAP = 16              # regions kept per class and node
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, (int, float))
+
+
+def _pairs(xs: list[Region], ys: list[Region]) -> list[Region]:
+    return [_and(a, b) for a in xs for b in ys]
+
+
+class Magnitudes:
+    """Where a value is hugely negative (at most a bound b <= -HUGE, or -inf) and where it is moderate from below
+    (>= -MODERATE, `above`) or from above (<= MODERATE, `below`).
+
+    Hugging Face masks with torch.finfo(dtype).min, others with -1e9: finite, so s + c is not a constant, but
+    exp(s + c - m) is exactly 0 wherever the row max m is not hugely negative, that is on rows with an element
+    that is moderate. A fully masked row is another matter (finfo.min absorbs s, a uniform row; -1e9 does not,
+    a softmax of the scores), so nothing is claimed there. Program inputs (float, checked at run time to be at
+    most MODERATE where a skip relies on them, analysis.facts `vanishing`) and indices are moderate; values
+    computed from moderate ones by the program's arithmetic are taken to stay small beside a huge constant,
+    as the kernels take them to stay finite (docs/design.md §3.5)."""
+
+    def run(self, n: LNode, f: "Facts") -> tuple[list[Region], list[Region], list[Fact]]:
+        consts = [(r, v) for r, v in f.facts[n] if _number(v)]
+        above = [r for r, v in consts if v >= -MODERATE]
+        below = [r for r, v in consts if v <= MODERATE]
+        huge = [(r, float(v)) for r, v in consts if -math.inf < v <= -HUGE]
+        a, b, h = self._rules(n, f)
+        return (list(dict.fromkeys(above + a))[:_CAP], list(dict.fromkeys(below + b))[:_CAP],
+                list(dict.fromkeys(huge + h))[:_CAP])
+
+    @staticmethod
+    def _cls(f: "Facts", x: object) -> tuple[list[Region], list[Region], list[Fact]]:
+        if isinstance(x, LNode):
+            return f.above.get(x, []), f.below.get(x, []), f.huge.get(x, [])
+        v = float(x) if isinstance(x, (int, float)) else math.nan
+        return ([()] if v >= -MODERATE else []), ([()] if v <= MODERATE else []), \
+            ([((), v)] if -math.inf < v <= -HUGE else [])
+
+    def _rules(self, n: LNode, f: "Facts") -> tuple[list[Region], list[Region], list[Fact]]:
+        op, args = n.op, n.args
+        everywhere: list[Region] = [()]
+        if n.dtype == torch.bool or n in f.affine or op == "iota" or (op == "load" and n.dtype.is_floating_point):
+            return everywhere, everywhere, []
+        cls = [self._cls(f, a) for a in args]
+        mod = [[r for r in a if r in b] for a, b, _ in cls]
+        if op == "cast":
+            return cls[0]
+        if op == "where":
+            above, below, huge = _pairs(cls[1][0], cls[2][0]), _pairs(cls[1][1], cls[2][1]), \
+                [(_and(r1, r2), max(b1, b2)) for r1, b1 in cls[1][2] for r2, b2 in cls[2][2]]
+            for rc, vc in f._const_facts(args[0]):       # the branch the condition selects, where it is known
+                a, b, h = cls[1 if vc else 2]
+                above += [_and(rc, r) for r in a]
+                below += [_and(rc, r) for r in b]
+                huge += [(_and(rc, r), x) for r, x in h]
+            return above, below, huge
+        if op in ("add", "sub"):
+            (a0, b0, h0), (a1, b1, h1) = cls
+            if op == "sub":
+                a1, b1, h1 = b1, a1, []       # x - y: y's bound from below bounds the difference from above
+            huge = [(_and(r, q), b) for r, b in h0 for q in b1] + [(_and(r, q), b) for r, b in h1 for q in b0] + \
+                [(_and(r, q), max(b, c)) for r, b in h0 for q, c in h1]
+            return _pairs(a0, a1), _pairs(b0, b1), huge
+        if op == "neg":
+            return cls[0][1], cls[0][0], []
+        if op in ("mul", "div"):
+            return self._product(op, args, cls, mod)
+        if op in ("exp", "exp2"):
+            return everywhere, cls[0][1], []
+        if op in ("tanh", "sigmoid"):
+            return everywhere, everywhere, []
+        if op == "reduce":
+            return self._reduce(n, cls[0], mod[0])
+        if op in ("load", "scalar"):
+            return [], [], []
+        both = mod[0] if len(mod) == 1 else _pairs(mod[0], mod[1]) if len(mod) == 2 else []
+        return both, both, []
+
+    @staticmethod
+    def _product(op: str, args: tuple, cls: list, mod: list) -> tuple[list[Region], list[Region], list[Fact]]:
+        """A multiply or divide by a constant scales a huge bound and keeps (or, negative, swaps) the moderate
+        sides; a product of moderate values is moderate."""
+        ks = [_const_value(a) for a in args]
+        side = 0 if ks[1] is not None else 1 if op == "mul" and ks[0] is not None else None
+        if side is None:
+            both = _pairs(mod[0], mod[1])
+            return both, both, []
+        k = ks[1 - side]
+        assert k is not None
+        k = k if op == "mul" else (1.0 / k if k else math.inf)
+        a, b, h = cls[side]
+        if not math.isfinite(k) or k == 0 or abs(k) > _SCALE or abs(k) < 1 / _SCALE:
+            return [], [], []
+        huge = [(r, v * k) for r, v in h if k > 0 and v * k <= -HUGE]
+        return (a, b, huge) if k > 0 else (b, a, [])
+
+    @staticmethod
+    def _reduce(n: LNode, cls: tuple, mod: list[Region]) -> tuple[list[Region], list[Region], list[Fact]]:
+        """A max is moderate from below where some element is (`_exists`), from above where every one is; a sum
+        where every element is moderate."""
+        v, kind = n.attrs["var"], n.attrs["kind"]
+        a, b, h = cls
+
+        def every(rs: list[Region]) -> list[Region]:
+            return [c for r in rs if not _empty(c := _covering(r, v))]
+
+        def some(rs: list[Region]) -> list[Region]:
+            return [e for r in rs if (e := _exists(r, v)) is not None]
+        if kind == "max":
+            return some(a), every(b), [(c, x) for r, x in h if not _empty(c := _covering(r, v))]
+        if kind == "min":
+            return every(a), some(b), [(e, x) for r, x in h if (e := _exists(r, v)) is not None]
+        if kind == "sum":
+            return every(mod), every(mod), []
+        return [], [], []
+
+
+def _const_value(x: object) -> Optional[float]:
+    """The value of a constant operand (a Python number or a scalar node), else None."""
+    if isinstance(x, LNode):
+        return float(x.attrs["value"]) if x.op == "scalar" else None
+    return float(x) if isinstance(x, (int, float)) else None
 
 
 def _defined(op: str, side: int, v, region: Region, other: list[Fact]) -> list[Region]:

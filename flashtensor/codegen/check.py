@@ -14,6 +14,7 @@ from typing import Optional
 
 import torch
 
+from ..analysis.facts import MODERATE
 from ..ir.loops import LNode, Var, exact_cast
 from .artifact import FINITE
 from .body import Body
@@ -80,16 +81,23 @@ def check_acc(em: Tiles, i: int) -> tuple[str, str]:
 
 
 _DOMAIN_MIN = {"positive": ("{}", "1.1754943508222875e-38"), "nonneg": ("{}", "0.0"),
-               "nonzero": ("tl.abs({})", "1.401298464324817e-45")}
+               "nonzero": ("tl.abs({})", "1.401298464324817e-45"), "moderate": ("-tl.abs({})", f"-{MODERATE}")}
 
 
 def _measure(x: str, dom: str) -> str:
-    return _DOMAIN_MIN[dom][0].format(x)
+    """The value that a domain bounds from below; with "+moderate" (a skip by a huge mask constant relies on
+    the input being at most analysis.facts.MODERATE in magnitude) -1 where |x| is larger. A domain with
+    "moderate" measures in float32 (Triton's interpreter has no bf16 constants)."""
+    base, _, moderate = dom.partition("+")
+    if "moderate" in dom:
+        x = f"({x}).to(tl.float32)"
+    m = _DOMAIN_MIN[base][0].format(x)
+    return f"tl.where(tl.abs({x}) <= {MODERATE}, {m}, -1.0)" if moderate else m
 
 
 def _meets(m: str, dom: str) -> str:
     """Whether m, a value of the domain's measure, reaches its bound (False for NaN)."""
-    return f"({m} >= {_DOMAIN_MIN[dom][1]})"
+    return f"({m} >= {_DOMAIN_MIN[dom.partition('+')[0]][1]})"
 
 
 def _check_term(x: str, dom: Optional[str], mask: Optional[str] = None) -> str:
@@ -98,6 +106,8 @@ def _check_term(x: str, dom: Optional[str], mask: Optional[str] = None) -> str:
     if not dom:
         return f"{x} * 0"
     cond = _meets(_measure(x, dom), dom) + (f" | ~({mask})" if mask else "")
+    if "moderate" in dom:     # in float32, in x's type again after
+        return f"tl.where({cond}, ({x}).to(tl.float32) * 0, float(\"nan\")).to(({x}).dtype)"
     return f"tl.where({cond}, {x} * 0, float(\"nan\"))"
 
 
@@ -131,7 +141,8 @@ def program_check(em: Tiles, slots: int, check: dict, part: int, tiles: int, sta
             skipped.append(f"    chkt{i} = tl.zeros([{tile}], tl.float32)")
             if em.checks[i][1]:
                 skipped.append(f"    chkm{i} = tl.full([{tile}], float(\"inf\"), tl.float32)")
-        for lo, hi in (("0", "lo"), (f"(hi + {bl - 1}) // {bl} * {bl}", str(L.extent))):
+        gap = [("ga", "gb")] if em.s.gap else []
+        for lo, hi in [("0", "lo")] + gap + [(f"(hi + {bl - 1}) // {bl} * {bl}", str(L.extent))]:
             skipped += [f"    for l0 in tl.range({lo}, {hi}, {bl}, num_stages={stages}):     # loop tiles it skipped",
                         f"        o_{L} = l0 + tl.arange(0, {bl})"] + ["        " + ln for ln in ctx.lines]
         for n in looped:

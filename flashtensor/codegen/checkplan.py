@@ -7,7 +7,7 @@ only where some kernel skips or constant-folds tiles by value facts.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Optional
 
 import torch
 
@@ -20,7 +20,9 @@ from .spec import CheckPlan
 def plan_checks(loops: LoopGraph, schedules: list[Schedule], narrowed: Mapping[int, torch.dtype]) -> list[CheckPlan]:
     """Each kernel's share of the check, in plan order."""
     domains = input_domains(loops)
-    check = {i: domains.get(i) for i, (_, dt) in enumerate(loops.inputs) if dt.is_floating_point}
+    moderate = {i for s in schedules for i in s.moderate}
+    check = {i: _domain(domains.get(i), i in moderate) for i, (_, dt) in enumerate(loops.inputs)
+             if dt.is_floating_point}
     slots = len(schedules) if check and any(s.skip or s.special for s in schedules) else 0
     reads = [tile_checks(s, loops.inputs) for s in schedules] if slots else []
     tiled: list[dict] = [{} for _ in schedules]
@@ -31,8 +33,16 @@ def plan_checks(loops: LoopGraph, schedules: list[Schedule], narrowed: Mapping[i
             flat[i] = dom
         else:
             tiled[k][i] = (reads[k][i], dom)
-    ftz = frozenset(i for i, dom in check.items() if dom == "positive") if slots else frozenset()
+    ftz = frozenset(i for i, dom in check.items() if dom and dom.startswith("positive")) if slots else frozenset()
     return [CheckPlan(slots, k, flat, tiled[k], ftz, narrowed) for k in range(len(schedules))]
+
+
+def _domain(dom: Optional[str], moderate: bool) -> Optional[str]:
+    """An input's domain, with "+moderate" where a kernel skips tiles by a huge mask constant that the input
+    meets (Schedule.moderate): an input holding such values itself (a mask tensor) must not look moderate."""
+    if not moderate:
+        return dom
+    return f"{dom}+moderate" if dom else "moderate"
 
 
 def tile_checks(s: Schedule, inputs: list) -> dict[int, LNode]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from ..analysis.facts import IDENTITY
+from ..analysis.facts import IDENTITY, negate
 from ..ir.loops import Affine, LNode
 from ..schedule.schedule import Accum, ScheduleError
 from . import check, forms
@@ -23,10 +23,11 @@ if TYPE_CHECKING:
 
 def segments(em: Tiles) -> list[tuple[str, str, frozenset, bool]]:
     """Loop ranges in order, each with the half-planes that hold on all its tiles and whether it needs
-    bounds tests: a predicated head, the bulk (wholly outside every skipped and special half-plane), a
-    predicated tail, and the tiles wholly inside the special half-plane before the head or after the
-    tail. Skipped tiles are left out. Every range that is not empty starts at a multiple of the loop block
-    (an empty one may start at hi)."""
+    bounds tests. The loop runs over [lo, hi), less the gap [ga, gb) of a skipped region bounded on both sides
+    (the keys between attention sinks and a window); each of the one or two pieces is a predicated head, a bulk
+    (wholly outside every skipped region and special half-plane) and a predicated tail, and the tiles wholly
+    inside the special half-plane come before the first head or after the last tail. Every range that is not
+    empty starts at a multiple of the loop block (an empty one may start at hi)."""
     s, L = em.s, em.s.loop
     assert L is not None    # kernels without a loop have no segments
     if s.stepped:           # one value per step, every value: one segment without bounds tests
@@ -35,17 +36,25 @@ def segments(em: Tiles) -> list[tuple[str, str, frozenset, bool]]:
     bl = em.blk[L]
     lo, hi = ["0"], [str(L.extent)]
     ulo, uhi = ["0"], [str((L.extent // bl) * bl)]
-    for h in s.skip + s.special:
-        cl, kmin, kmax = _span(em, h)
-        if cl > 0:
-            if h in s.skip:
-                hi.append(f"(tl.maximum(-{kmin}, 0) + {cl - 1}) // {cl}")
-            uhi.append(f"((tl.maximum(-{kmax}, 0) + {cl - 1}) // {cl}) // {bl} * {bl}")
-        else:
-            d = -cl
-            if h in s.skip:
-                lo.append(f"(tl.maximum({kmin} + {d}, 0) // {d}) // {bl} * {bl}")
-            ulo.append(f"((tl.maximum({kmax} + {d}, 0) // {d}) + {bl - 1}) // {bl} * {bl}")
+    live: set[Affine] = set()
+    gap = None
+    for reg in s.skip:
+        up = [h for h in reg if h.coeff(L) > 0]       # holds from some position of the loop on
+        down = [h for h in reg if h.coeff(L) < 0]     # holds up to some position
+        rows = " & ".join(f"({_span(em, h)[1]} >= 0)" for h in reg if not h.coeff(L))   # on every row of the tile
+        if reg == s.gap:
+            gap = (up, down, rows)
+            continue
+        inside = _fold("tl.maximum" if up else "tl.minimum", [_inside(em, h) for h in up or down])
+        if rows:
+            inside = f"tl.where({rows}, {inside}, {hi[0] if up else lo[0]})"
+        (hi if up else lo).append(inside)
+        for h in up or down:      # the bulk is wholly outside each of them
+            _outside(em, h, ulo, uhi)
+            live.add(negate(h))
+    for h in s.special:
+        _outside(em, h, ulo, uhi)
+        live.add(negate(h))
     if s.skip or s.special:
         # skipping and constant folding rely on finite inputs (x + -inf = -inf): `fin` is 0 in the fixup
         # pass, where every tile is computed, predicated, as eager computes it (see emit_kernel)
@@ -54,23 +63,62 @@ def segments(em: Tiles) -> list[tuple[str, str, frozenset, bool]]:
     else:
         em.pre.append("lo = 0")
         em.pre.append(f"hi = {L.extent}")
-    em.pre.append(f"ua = tl.minimum(tl.maximum({_fold('tl.maximum', ulo)}, lo), hi)")
-    em.pre.append(f"ub = tl.maximum(ua, {_fold('tl.minimum', uhi)})")
+    pieces = [("lo", "hi", ulo, uhi, live)]
+    if gap is not None:
+        ups, downs, rows = gap
+        start = f"({_fold('tl.maximum', [_inside(em, h) for h in ups])} + {bl - 1}) // {bl} * {bl}"
+        stop = _fold("tl.minimum", [_inside(em, h) for h in downs])
+        em.pre.append(f"ga = tl.minimum(tl.maximum({start}, lo), hi)")
+        em.pre.append(f"gb = ga + (tl.maximum(ga, tl.minimum({f'tl.where({rows}, {stop}, 0)' if rows else stop}, hi))"
+                      " - ga) * fin")
+        pieces = [("lo", "ga", ulo, list(uhi), live | {negate(h) for h in ups}),
+                  ("gb", "hi", list(ulo), uhi, live | {negate(h) for h in downs})]
+        for h in ups:
+            _outside(em, h, [], pieces[0][3])
+        for h in downs:
+            _outside(em, h, pieces[1][2], [])
+    segs: list[tuple[str, str, frozenset, bool]] = []
     none: frozenset[Affine] = frozenset()
-    bulk = s.live
-    segs = [("lo", "ua", none, True), ("ua", "ub", bulk, False), ("ub", "hi", none, True)]
+    for k, (a, b, los, his, bulk) in enumerate(pieces):
+        ua, ub = ("ua", "ub") if k == 0 else ("ua2", "ub2")
+        em.pre.append(f"{ua} = tl.minimum(tl.maximum({_fold('tl.maximum', los)}, {a}), {b})")
+        em.pre.append(f"{ub} = tl.maximum({ua}, {_fold('tl.minimum', his + ([b] if b != 'hi' else []))})")
+        segs += [(a, ua, none, True), (ua, ub, frozenset(bulk), False), (ub, b, none, True)]
     for h in s.special:
         cl, kmin, _ = _span(em, h)
         if cl > 0:      # from the first tile wholly inside h to the end
+            tail = segs[-1][0]
             first = f"(((tl.maximum(-{kmin}, 0) + {cl - 1}) // {cl}) + {bl - 1}) // {bl} * {bl}"
-            em.pre.append(f"sp = hi - (hi - tl.minimum(tl.maximum({first}, ub), hi)) * fin")
-            segs = segs[:2] + [("ub", "sp", none, True), ("sp", "hi", frozenset([h]), True)]
+            em.pre.append(f"sp = hi - (hi - tl.minimum(tl.maximum({first}, {tail}), hi)) * fin")
+            segs = segs[:-1] + [(tail, "sp", none, True), ("sp", "hi", frozenset([h]), True)]
         else:           # from the start to the last tile wholly inside h
-            d = -cl
-            end = f"(tl.maximum({kmin} + {d}, 0) // {d}) // {bl} * {bl}"
-            em.pre.append(f"sp = lo + (tl.minimum(tl.maximum({end}, lo), ua) - lo) * fin")
-            segs = [("lo", "sp", frozenset([h]), True), ("sp", "ua", none, True)] + segs[1:]
+            head = segs[0][1]
+            end = f"(tl.maximum({kmin} + {-cl}, 0) // {-cl}) // {bl} * {bl}"
+            em.pre.append(f"sp = lo + (tl.minimum(tl.maximum({end}, lo), {head}) - lo) * fin")
+            segs = [("lo", "sp", frozenset([h]), True), ("sp", head, none, True)] + segs[1:]
     return segs
+
+
+def _inside(em: Tiles, h: Affine) -> str:
+    """Where h holds on every row of the tile: from this position on (a positive loop coefficient), or up to
+    before it (a negative one)."""
+    cl, kmin, _ = _span(em, h)
+    if cl > 0:
+        return f"(tl.maximum(-{kmin}, 0) + {cl - 1}) // {cl}"
+    assert em.s.loop is not None    # only kernels with a loop have segments
+    bl = em.blk[em.s.loop]
+    return f"(tl.maximum({kmin} + {-cl}, 0) // {-cl}) // {bl} * {bl}"
+
+
+def _outside(em: Tiles, h: Affine, ulo: list[str], uhi: list[str]) -> None:
+    """Bounds of the tiles wholly outside h, on every row of the tile: before (uhi) or from (ulo) a tile."""
+    cl, _, kmax = _span(em, h)
+    assert em.s.loop is not None    # only kernels with a loop have segments
+    bl = em.blk[em.s.loop]
+    if cl > 0:
+        uhi.append(f"((tl.maximum(-{kmax}, 0) + {cl - 1}) // {cl}) // {bl} * {bl}")
+    else:
+        ulo.append(f"((tl.maximum({kmax} + {-cl}, 0) // {-cl}) + {bl - 1}) // {bl} * {bl}")
 
 
 def _span(em: Tiles, h: Affine) -> tuple[int, str, str]:
@@ -186,7 +234,9 @@ def placement(em: Tiles, ntiles: int, grid1: int) -> list[str]:
         out += [f"g = pid // {group * ntiles}", f"gn = tl.minimum({group}, {grid1} - g * {group})",
                 f"t = (pid - g * {group * ntiles}) // gn", f"b = g * {group} + (pid - g * {group * ntiles}) % gn"]
     if s.row is not None:
-        grows = sum(h.coeff(s.row) for h in s.skip + s.special) < 0   # loop work grows with the row index
+        # loop work grows with the row index (a gap's rows bound it on both sides, so it does not count)
+        ends = [h for reg in s.skip if reg != s.gap for h in reg if s.loop is not None and h.coeff(s.loop)]
+        grows = sum(h.coeff(s.row) for h in ends + s.special) < 0
         out.append(f"r0 = ({ntiles - 1} - t) * {em.blk[s.row]}" if grows else f"r0 = t * {em.blk[s.row]}")
         out.append(f"o_{s.row} = r0 + tl.arange(0, {em.blk[s.row]})")
     rest = "b"

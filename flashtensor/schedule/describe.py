@@ -22,6 +22,6 @@ def describe(s: Schedule) -> dict[str, list[str] | str]:
         "roles": s.roles.describe() + [f"{v}<{v.extent}>: batch (one program per value and row tile)" for v in s.batch],
         "loop": f"loop over {s.loop}{', one value per step' if s.stepped else ''} in {s.passes} pass(es): "
                 + ("; ".join(carried) or "no reductions"),
-        "skipped": [f"{h} >= 0" for h in s.skip],
+        "skipped": [" and ".join(f"{h} >= 0" for h in reg) for reg in s.skip],
         "folded": [f"{h} >= 0" for h in s.special],
     }

@@ -22,7 +22,7 @@ from typing import Optional, Union
 
 import torch
 
-from ..analysis.facts import IDENTITY, Facts, negate
+from ..analysis.facts import Facts, Region, negate
 from ..analysis.precision import kept
 from ..analysis.roles import Roles, kernel_nodes, reduction_deps, roles
 from ..ir.loops import Affine, LNode, Var
@@ -62,12 +62,13 @@ class Schedule:
     whole: list[Var]
     accums: dict[LNode, Accum]
     passes: int
-    skip: list[Affine]            # half-planes where every loop reduction contributes its identity
+    skip: list[Region]            # regions (conjunctions of half-planes) where no loop reduction changes
     facts: Facts
     roles: Roles
     dots: dict[LNode, tuple]      # sum reductions emitted as tl.dot: node -> (A factors, B factors, K)
     special: list[Affine] = field(default_factory=list)   # at most one half-plane with a constant-folded body
     stepped: bool = False         # the loop takes one value of its variable per step: no tile axis
+    moderate: frozenset[int] = frozenset()    # inputs checked to be moderate: skips by huge constants rely on it
 
     @property
     def order(self) -> list[Var]:
@@ -78,9 +79,10 @@ class Schedule:
         return [v for v in self.order if v in n.vars]
 
     @property
-    def live(self) -> frozenset:
-        """Half-planes that hold on the bulk's tiles (wholly outside every skipped and special one)."""
-        return frozenset(negate(h) for h in self.skip + self.special)
+    def gap(self) -> Optional[Region]:
+        """The skipped region bounded on both sides along the loop (a gap in it), if there is one."""
+        return next((r for r in self.skip if self.loop is not None and any(h.coeff(self.loop) > 0 for h in r)
+                     and any(h.coeff(self.loop) < 0 for h in r)), None)
 
     def stops_early(self, pass_: int) -> bool:
         """Whether the pass's loop may stop once every accumulator holds its absorbing value: true
@@ -320,24 +322,51 @@ def _carry(sched: Schedule, compute: list[LNode], boundary: frozenset[LNode], lo
     sched.passes = 1 + max((a.pass_ for a in sched.accums.values()), default=0)
     if sched.passes > 1 and len({a.pass_ for a in sched.accums.values()}) != sched.passes:
         raise ScheduleError("empty pass")
-    # skip regions: half-planes over (row, loop) where every reduction of every pass is its identity
-    common: Optional[set[Affine]] = None
     allowed = {v for v in (sched.row, loop) if v is not None}
-    for r in reds:
-        ident = IDENTITY[r.attrs["kind"]]
-        hs = {reg[0] for reg, v in sched.facts.of(r.args[0]) if len(reg) == 1 and v == ident
-              and loop in reg[0].vars and set(reg[0].vars) <= allowed}
-        common = hs if common is None else common & hs
     if sched.stepped:     # skipped and constant-folded tiles are ranges of a tiled loop; a stepped one runs all
         return
-    sched.skip = sorted(common or [], key=str)
+    sched.skip = _skipped(sched, reds, loop, allowed)
     sched.special = _special(sched, compute, loop, allowed)
+    if sched.skip or sched.special:     # what a skip by a huge constant relies on (Facts.neutral)
+        huge_max = [r for r in reds if r.attrs["kind"] == "max" and sched.facts.huge.get(r.args[0])]
+        sched.moderate = frozenset(_inputs(sched.facts.vanishing + huge_max, boundary))
+
+
+def _inputs(nodes: list[LNode], boundary: frozenset[LNode]) -> set[int]:
+    """The program inputs that `nodes` read, in this kernel."""
+    out, seen, stack = set(), set(), list(nodes)
+    while stack:
+        n = stack.pop()
+        if id(n) in seen or n in boundary:
+            continue
+        seen.add(id(n))
+        if n.op == "load":
+            out.add(n.attrs["input"])
+        stack += n.inputs
+    return out
+
+
+def _skipped(sched: Schedule, reds: list[LNode], loop: Var, allowed: set) -> list[Region]:
+    """Regions over (row, loop) where no reduction of any pass can change its result (Facts.neutral), each a
+    conjunction the loop leaves out (codegen/loop.py), none contained in another. At most one of them may be
+    bounded on both sides along the loop (a gap in it, such as the keys between attention sinks and a window)."""
+    per = [{frozenset(reg) for reg in sched.facts.neutral(r)
+            if reg and any(loop in h.vars for h in reg) and all(set(h.vars) <= allowed for h in reg)} for r in reds]
+    common = [c for c in set().union(*per) if all(any(n <= c for n in regs) for regs in per)] if per else []
+    common = [c for c in common if not any(o < c for o in common)]
+    out, gap = [], False
+    for reg in sorted((tuple(sorted(c, key=str)) for c in common), key=lambda r: [str(h) for h in r]):
+        two_sided = any(h.coeff(loop) > 0 for h in reg) and any(h.coeff(loop) < 0 for h in reg)
+        if not (two_sided and gap):
+            gap = gap or two_sided
+            out.append(reg)
+    return out
 
 
 def _special(sched: Schedule, compute: list[LNode], loop: Var, allowed: set) -> list[Affine]:
     """The half-plane over (row, loop), neither skipped nor the bulk's, on which the facts make the most
     loop-varying values that read data (not only indices) constant; none when there is no such plane."""
-    known = set(sched.skip) | {negate(h) for h in sched.skip}
+    known = {h for reg in sched.skip for h in reg} | {negate(h) for reg in sched.skip for h in reg}
     data: dict[int, bool] = {}
 
     def reads_data(n) -> bool:
