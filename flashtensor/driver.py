@@ -37,7 +37,7 @@ from .options import Options
 from .partition.fusable import eager_handoff, fusable_part
 from .partition.plan import KernelPlan, PartitionError, check_boundaries, partitions
 from .runtime import cache as plan_cache
-from .runtime.autotune import timed, tune
+from .runtime.autotune import median_ms, timed, tune
 from .runtime.launch import Launch, input_buffers
 from .runtime.plan import Plan, Program
 from .runtime.remainder import compiles_remainder
@@ -220,11 +220,32 @@ def build(fn: Callable, args: list[Any], options: Options = Options(), warned: O
         if handoff:
             notes.append(handoff)
         else:
-            _plan(plan, call, args, options.cache and knobs.cache())
+            def program() -> Program:
+                return Program(plan, positions, device, fn, compiles_remainder(device, options.compile_remainder))
+            _plan(plan, call, args, options.cache and knobs.cache(),
+                  lambda entry: _priced(plan, entry, program, fn, args, median_ms))
     plan.entry["notes"] = list(dict.fromkeys(notes + plan.entry.get("notes", [])))
     _warn(plan.notes, set() if warned is None else warned)
     return Program(plan, positions, device, fn,
                    compiles_remainder(device, options.compile_remainder))
+
+
+def _priced(plan: Plan, entry: dict, program: Callable[[], Program], fn: Callable, args: list[Any],
+            measure: Callable[[Callable[[], Any]], float]) -> dict:
+    """The searched entry, or an eager one where the user's own function is faster on this call's inputs (timed on
+    the GPU): launches that dominate a small program, a recompute that costs more than it saves, a remainder
+    that eager PyTorch runs better. The tuner prices kernels against each other; this prices the plan against
+    not compiling at all, so a compiled call is never slower than eager."""
+    if entry["eager"]:
+        return entry
+    plan.entry = entry
+    prog = program()
+    fused_ms, eager_ms = measure(lambda: prog.run(args)), measure(lambda: fn(*args))
+    log.debug("plan %.4f ms, the function itself %.4f ms", fused_ms, eager_ms)
+    if eager_ms >= fused_ms:
+        return entry
+    return {"eager": True, "notes": [f"the fused kernels took {fused_ms:.3f} ms and eager PyTorch {eager_ms:.3f} ms "
+                                     "on this device; the program runs in eager PyTorch"]}
 
 
 def _warn(notes: Iterable[str], warned: set[str]) -> None:
@@ -241,13 +262,16 @@ def _device(example: Sequence[torch.Tensor]) -> torch.device:
     return example[0].device
 
 
-def _plan(plan: Plan, call: Call, args: list[Any], use_cache: bool) -> None:
-    """The plan's entry: from the plan cache when it has it, else by searching (then cached)."""
+def _plan(plan: Plan, call: Call, args: list[Any], use_cache: bool, price: Callable[[dict], dict]) -> None:
+    """The plan's entry: from the plan cache when it has it, else by searching (priced against eager on a GPU),
+    then cached."""
     key = plan_cache.key(plan.decomposed, args, call.options.key()) if use_cache else None
     entry = plan_cache.load(key) if key else None
     plan.cached = entry is not None
     if entry is None:
         entry, keep = _search(plan, call)
+        if timed(call.device) and call.options.eager_if_faster:
+            entry = price(entry)
         if key and keep:
             plan_cache.store(key, entry)
     plan.entry = entry

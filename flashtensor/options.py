@@ -35,6 +35,9 @@ class Options:
     kernels: bool = True               # False: stop after decomposition, run everything in eager
     # torch.compile what a partly fused plan runs in eager (None: on CUDA devices only; runtime/remainder.py)
     compile_remainder: Optional[bool] = None
+    # on a GPU, time the plan against the function itself and run whichever is faster (False: the kernels, as
+    # tests of the kernels want)
+    eager_if_faster: bool = True
 
     @classmethod
     def make(cls, **fields: Any) -> "Options":

@@ -268,3 +268,40 @@ def test_one_warning_per_distinct_note_per_compiled_callable():
     assert all(len(p.notes) == 1 for p in compiled.programs.values())
     with pytest.warns(FallbackWarning, match="aten.sort"):      # another callable warns for itself
         ft.compile(sorted_scaled, cache=False)(torch.randn(5, 12))
+
+
+# ---- pricing a plan against the function itself (GPU) ---------------------------------------------------
+
+@pytest.mark.unit
+@pytest.mark.parametrize("fused_ms,eager_ms,runs_eager", [(2.0, 1.0, True), (1.0, 2.0, False), (1.0, 1.0, False)])
+def test_a_plan_slower_than_the_function_itself_runs_eager(fused_ms, eager_ms, runs_eager):
+    """On a GPU the searched plan is timed against the user's function on the call's inputs, and the faster runs
+    (the held linear_elu program's one kernel recomputed the d x d context for every query tile, 0.19x eager on
+    the H200). Here with stand-in timings: which entry wins, and the note that says why."""
+    from flashtensor import driver
+    from flashtensor.runtime.plan import Plan
+
+    ran = []
+
+    class Stub:
+        def run(self, args):
+            ran.append("kernels")
+
+    def fn(*args):
+        ran.append("eager")
+
+    times = iter([fused_ms, eager_ms])
+
+    def measure(f):
+        f()
+        return next(times)
+
+    entry = {"eager": False, "kernels": [], "notes": []}
+    out = driver._priced(Plan(), entry, Stub, fn, [1, 2], measure)
+    assert ran == ["kernels", "eager"]
+    assert out["eager"] is runs_eager
+    if runs_eager:
+        assert out["notes"] == [f"the fused kernels took {fused_ms:.3f} ms and eager PyTorch {eager_ms:.3f} ms on "
+                                "this device; the program runs in eager PyTorch"]
+    else:
+        assert out is entry

@@ -6,7 +6,7 @@ kernels before it produced. On the CPU (Triton's interpreter) the first config i
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -62,3 +62,9 @@ def tune(spec: KernelSpec, configs: Sequence[TileConfig], buffers: dict, device:
               best.source.num_warps, best.source.num_stages, best_ms)
     best.ms = best_ms
     return best
+
+
+def median_ms(f: Callable[[], object]) -> float:
+    """f's median time on the device in ms (a first call inside, so a compile on it is not timed)."""
+    import triton.testing
+    return float(triton.testing.do_bench(f, warmup=10, rep=50, return_mode="median"))
