@@ -1,7 +1,7 @@
 """Run the fuzzer's campaign (tests/test_fuzz.py) in several processes at once, each with its own seed, and sum them.
 
-    python scripts/fuzz_campaign.py --processes 8 --examples 200             # on the GPU machine
-    TRITON_INTERPRET=1 .venv/bin/python scripts/fuzz_campaign.py -p 2 -n 150  # on the CPU, kernels interpreted
+    python scripts/fuzz_campaign.py --processes 8 --examples 200     # on the GPU machine: compiled kernels
+    .venv/bin/python scripts/fuzz_campaign.py -p 2 -n 150             # on the CPU: kernels interpreted
 
 Process i runs the campaign with FLASHTENSOR_FUZZ_SEED=seed+i, so each draws other programs; where there are
 GPUs, it sees GPU i % count alone (CUDA_VISIBLE_DEVICES). Each prints one line "fuzz: fused N, partial N,
@@ -35,6 +35,7 @@ def main() -> int:
         env = dict(os.environ, FLASHTENSOR_FUZZ_SEED=str(a.seed + i), FLASHTENSOR_FUZZ_EXAMPLES=str(a.examples))
         if a.dtypes:
             env["FLASHTENSOR_FUZZ_DTYPES"] = a.dtypes
+        env.setdefault("TRITON_INTERPRET", "0" if gpus else "1")    # tests/conftest.py would default it to 1
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = str(i % gpus)
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_fuzz.py",
@@ -45,7 +46,7 @@ def main() -> int:
     failed = 0
     for i, proc in enumerate(procs):
         out, _ = proc.communicate()
-        lines = [ln for ln in out.splitlines() if ln.startswith("fuzz: ")]
+        lines = [m.group(0) for m in re.finditer(r"fuzz: .*", out)]     # (after a progress dot, maybe)
         for ln in lines:
             total.update({k: int(v) for k, v in re.findall(r"(\w+) (\d+)", ln)})
         print(f"seed {a.seed + i}: {lines[-1] if lines else 'no summary'} (exit {proc.returncode})")

@@ -288,7 +288,7 @@ def calls(draw) -> dict:
     scale_from = draw(st.sampled_from(["closure", "closure", "kwarg", "default", "global"]))
     return dict(pack=draw(st.sampled_from(["args", "args", "args", "list", "dict"])), scale_from=scale_from,
                 rescale=draw(st.sampled_from([None, 0.5, 0.125])) if scale_from != "closure" else None,
-                grad=draw(st.integers(0, 9)) == 0)
+                grad=draw(st.sampled_from([False] * 9 + [True])))
 
 
 @st.composite
@@ -320,5 +320,5 @@ def specs(draw) -> Spec:
         cast_inside=dtype != torch.float32 and draw(st.booleans()), noise=noise,
         plant=draw(st.sampled_from([None, None, 0.0, -1.0, math.nan, 1e-40, math.inf])) if noise else None,
         fill=draw(st.sampled_from(fills)), mask_from=draw(st.sampled_from(["iota", "ones"])),
-        pad=draw(st.integers(0, kv_len - 1)) if apply == "input" else 0, rope=draw(st.integers(0, 5)) == 0,
+        pad=draw(st.integers(0, kv_len - 1)) if apply == "input" else 0, rope=draw(st.sampled_from([False] * 5 + [True])),
         eps=draw(st.sampled_from([1e-6, 1e-9])), **common)

@@ -179,7 +179,6 @@ def _report(request):
     if tr is not None and capture is not None and TALLY:
         keys = ("fused", "partial", "fallback", "tried", "expected", "expected_fused")
         with capture.global_and_fixture_disabled():      # past the capture of the teardown's output
-            tr.ensure_newline()
             tr.write_line("fuzz: " + ", ".join(f"{k} {TALLY[k]}" for k in keys))
 
 
