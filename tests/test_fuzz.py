@@ -11,6 +11,7 @@ tests"; scripts/fuzz_campaign.py runs several at once).
 """
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from collections import Counter
@@ -85,11 +86,13 @@ def _near_threshold(spec: Spec, name: str, args: tuple, scale: float) -> torch.T
     return near.sum(dim=-1 if name in ROW_STATS else -2)
 
 
-def _argmax_ties(spec: Spec, o: torch.Tensor, r: torch.Tensor, args: tuple, scale: float) -> bool:
-    """Whether every index that differs from eager's picks a probability within rounding of eager's pick."""
+def _argmax_near(spec: Spec, o: torch.Tensor, r: torch.Tensor, args: tuple, scale: float) -> bool:
+    """Whether every index that differs from eager's picks a probability within rounding of the row's float64
+    maximum (a NaN where the row has one): bf16 scores of 30 round by 0.06, so eager's own pick may be off."""
     p = _probs(spec, exact_args(spec, args), scale)
-    mine, eagers = p.gather(-1, o.long()[..., None]), p.gather(-1, r.long()[..., None])
-    return bool(((mine - eagers).abs() <= NEAR[spec.dtype] * eagers.abs()).all())
+    mine, top = p.gather(-1, o.long()[..., None])[..., 0], p.amax(dim=-1)
+    near = (mine >= top * (1 - NEAR[spec.dtype])) | (mine.isnan() & top.isnan())
+    return bool(near[o != r].all())
 
 
 def check(spec: Spec, fn: Callable, args: tuple, out, ref, scale: float) -> None:
@@ -98,7 +101,7 @@ def check(spec: Spec, fn: Callable, args: tuple, out, ref, scale: float) -> None
     answer; NaN and inf to float64's places where eager's half-precision result puts them elsewhere: the
     CPU's bf16 matmul spreads a NaN row of p into its neighbour's output row). Threshold statistics may
     differ from eager only where a probability sits within rounding of the threshold, an argmax only where
-    its pick is within rounding of eager's."""
+    its pick is within rounding of the row's maximum."""
     outs, refs = as_tuple(out), as_tuple(ref)
     assert len(outs) == len(refs), f"{len(outs)} outputs, eager gives {len(refs)}"
     names = output_names(spec)
@@ -108,7 +111,7 @@ def check(spec: Spec, fn: Callable, args: tuple, out, ref, scale: float) -> None
         if name in THRESHOLD_STATS + ("argmax",) and not torch.equal(o, r):
             assert o.shape == r.shape and o.dtype == r.dtype, (name, o.shape, r.shape)
             if name == "argmax":
-                assert _argmax_ties(spec, o, r, args, scale), f"{name}: picks differ beyond rounding"
+                assert _argmax_near(spec, o, r, args, scale), f"{name}: picks differ beyond rounding"
                 continue
             slack = _near_threshold(spec, name, args, scale)
             off = (o.long() - r.long()).abs()
@@ -278,6 +281,12 @@ FOUND = [
     # was 1, not 1 / kv_len (codegen/forms.py's exp_over_parts now folds only maxima no larger than FOLD_LIMIT)
     Spec("softmax", batch=1, heads=1, kv_heads=1, q_len=47, kv_len=35, dim=16, dtype=torch.float32, mask="causal",
          stats=("colany",), threshold=2.0, fill="-1e9"),
+    # the argmax of bf16 probabilities (soft-capped scores of 30 round by 0.125), which eager takes from the
+    # kernels' p (the noise input is as large, so p may cross): eager's own pick is 8% below the float64 maximum
+    # where ours is at it, and a planted NaN makes both pick a NaN; the check now holds a differing pick to
+    # the float64 maximum, and only where picks differ
+    Spec("softmax", batch=2, heads=1, kv_heads=1, q_len=55, kv_len=73, dim=32, dtype=torch.bfloat16, cap=30.0,
+         slope=0.05, stats=("argmax",), threshold=0.5, noise=True, plant=math.nan, seed=2746),
     # a 0 planted in the noise makes one row of p NaN; eager's bf16 matmul on the CPU made the row before it NaN
     # too, which float64 (and the kernels) do not: the check now holds NaN placement to float64 where eager's
     # half-precision result differs from it (first drawn with the tuner config in the spec)
@@ -291,13 +300,13 @@ FOUND_IDS = ["colmax_fully_masked_rows", "fp16_large_scores", "bf16_linear", "si
              "single_query_sigmoid_colsum", "one_key_shared_output_node", "one_element_bf16", "band_of_one_key",
              "ill_conditioned_entropy", "bf16_two_truncations", "bf16_casts_of_inputs_rounded_everywhere",
              "noise_log_in_padded_lanes", "bf16_rounding_across_a_threshold", "hf_input_mask_fp32", "hf_input_mask_bf16",
-             "huge_fill_in_a_folded_normaliser",
+             "huge_fill_in_a_folded_normaliser", "bf16_argmax_from_the_kernels_p",
              "eager_bf16_matmul_spreads_a_nan_row"]
 
 
 @pytest.mark.parametrize("spec", FOUND, ids=FOUND_IDS)
 def test_programs_the_fuzzer_found(spec: Spec):
-    assert outcome(run_spec(spec)) == "fused"
+    assert outcome(run_spec(spec)) == "fused" or not expected_to_fuse(spec)
 
 
 @pytest.mark.parametrize("spec", FOUND, ids=FOUND_IDS)
@@ -308,7 +317,7 @@ def test_every_partition_the_gpu_search_times(spec: Spec):
     codegen/schedule.py's factorize now stops at loaded values.)"""
     def run(k):
         progs = run_spec(spec, candidate=k)
-        assert outcome(progs) == "fused", k
+        assert outcome(progs) == "fused" or not expected_to_fuse(spec), k
         return progs[0].plan
     each_partition(run)
 
