@@ -281,6 +281,10 @@ FOUND = [
     # was 1, not 1 / kv_len (codegen/forms.py's exp_over_parts now folds only maxima no larger than FOLD_LIMIT)
     Spec("softmax", batch=1, heads=1, kv_heads=1, q_len=47, kv_len=35, dim=16, dtype=torch.float32, mask="causal",
          stats=("colany",), threshold=2.0, fill="-1e9"),
+    # a sigmoid of scores filled with -1e9: the facts' value of the masked region, 1 / (1 + exp(1e9)), raised
+    # OverflowError (an internal compiler error; analysis/facts.py's _exp now gives inf past float's range)
+    Spec("sigmoid", batch=1, heads=1, kv_heads=1, q_len=8, kv_len=8, dim=16, dtype=torch.float32, mask="causal",
+         fill="-1e9"),
     # the argmax of bf16 probabilities (soft-capped scores of 30 round by 0.125), which eager takes from the
     # kernels' p (the noise input is as large, so p may cross): eager's own pick is 8% below the float64 maximum
     # where ours is at it, and a planted NaN makes both pick a NaN; the check now holds a differing pick to
@@ -300,7 +304,8 @@ FOUND_IDS = ["colmax_fully_masked_rows", "fp16_large_scores", "bf16_linear", "si
              "single_query_sigmoid_colsum", "one_key_shared_output_node", "one_element_bf16", "band_of_one_key",
              "ill_conditioned_entropy", "bf16_two_truncations", "bf16_casts_of_inputs_rounded_everywhere",
              "noise_log_in_padded_lanes", "bf16_rounding_across_a_threshold", "hf_input_mask_fp32", "hf_input_mask_bf16",
-             "huge_fill_in_a_folded_normaliser", "bf16_argmax_from_the_kernels_p",
+             "huge_fill_in_a_folded_normaliser", "sigmoid_of_a_huge_fill",
+             "bf16_argmax_from_the_kernels_p",
              "eager_bf16_matmul_spreads_a_nan_row"]
 
 
