@@ -97,13 +97,15 @@ def main() -> int:
     ap.add_argument("--compare", help="an earlier run's JSON: report every kernel that differs, exit 1 if any")
     a = ap.parse_args()
     import test_fuzz
+
+    import fuzz_programs
     out: dict = {}
     for name in workloads.NAMES:
         fn, args = workloads.make(name, device="cpu", dtype=torch.float32, **workloads.SMALL)
         kernels(f"{name}/small", fn, list(args), out)
         kernels(f"{name}/paper", *_paper(name), out)
     for fid, spec in zip(test_fuzz.FOUND_IDS, test_fuzz.FOUND):
-        kernels(f"fuzz/{fid}", test_fuzz.build(spec), list(test_fuzz.inputs(spec)), out)
+        kernels(f"fuzz/{fid}", fuzz_programs.flat(spec), list(fuzz_programs.inputs(spec)), out)
     text = json.dumps(out, indent=1, sort_keys=True)
     Path(a.json).write_text(text)
     out = json.loads(text)       # compared as read back (tuples become lists)

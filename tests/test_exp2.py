@@ -76,12 +76,13 @@ def test_max_read_elsewhere_is_divided_back():
 def test_log_under_an_exp_becomes_log2_and_a_log_output_stays():
     """log x * c inside an exponential is log2 x * (c ln 2), which kernels may compute approximately;
     the same log returned on its own keeps the accurate op."""
-    def fn(s, u):
+    def fn(x, y, u):
         g = -u.log()
-        return F.softmax((s + g) / 1.5, dim=-1), u.log().sum(-1)
+        return F.softmax((x @ y.transpose(-1, -2) + g) / 1.5, dim=-1), u.log().sum(-1)
 
     g = torch.Generator().manual_seed(4)
-    args = (torch.randn(3, 19, 29, generator=g), 0.5 + torch.rand(3, 19, 29, generator=g) * 4)
+    args = (torch.randn(3, 19, 8, generator=g), torch.randn(3, 29, 8, generator=g),
+            0.5 + torch.rand(3, 19, 29, generator=g) * 4)
     loops, ins = _loops(fn, args)
     folded = fold_exp2(loops, through_half=True)
     ops = [n.op for n in folded.nodes]
@@ -97,11 +98,12 @@ def test_a_scale_both_sides_would_keep_is_factored_out():
     """(a * 2 + b * 3) under an exp: both sides keep a multiply by a constant after the log2 e factor is
     pushed in, so the sum is (a + b * 1.5) * (2 log2 e), one multiply that a running max takes outside;
     where one side absorbs the factor (a * 2 + 0.5: the constant), it is pushed into both as before."""
-    def fn(a, b):
+    def fn(x, y, z):
+        a, b = x @ y.transpose(-1, -2), x @ z.transpose(-1, -2)
         return F.softmax(a * 2 + b * 3, dim=-1), F.softmax(a * 2 + 0.5, dim=-1)
 
     g = torch.Generator().manual_seed(6)
-    args = (torch.randn(3, 19, 29, generator=g), torch.randn(3, 19, 29, generator=g))
+    args = tuple(torch.randn(3, n, 8, generator=g) for n in (19, 29, 29))
     loops, ins = _loops(fn, args)
     folded = fold_exp2(loops, through_half=True)
     factored = [n for n in folded.nodes if n.op == "mul" and n.args[0].op == "add"]
@@ -135,3 +137,28 @@ def test_a_huge_finite_constant_is_not_scaled_past_float32(masked):
     assert torch.isfinite(out).all()
     _check(loops, folded, ins, 1e-6)
     assert rel_err(out, fn(q, k, mask)) < 1e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_input_under_an_exp_is_not_scaled_past_float32(dtype):
+    """An input may hold any finite value of its type: Hugging Face passes its (1 - m) * finfo.min mask in, and
+    finfo.min * log2 e is -inf in float32 (bf16 has float32's range), so a fully masked row's s - max(s) would be
+    NaN where eager gives a uniform row. Such an exp stays exp2((x - m) * log2 e); fp16 inputs fold as before."""
+    def fn(q, k, mask):
+        return torch.softmax(q @ k.transpose(-1, -2) * 0.25 + mask, dim=-1)
+
+    g = torch.Generator().manual_seed(2)
+    q, k = torch.randn(2, 24, 16, generator=g).to(dtype), torch.randn(2, 24, 16, generator=g).to(dtype)
+    keep = torch.ones(2, 24, 24).tril()
+    keep[0, :, :5] = 0                                      # left padding: batch 0's first rows are fully masked
+    mask = ((1 - keep) * torch.finfo(dtype).min).to(dtype)
+    loops, ins = _loops(fn, (q, k, mask))
+    folded = fold_exp2(loops, through_half=True)
+    out = evaluate_loops(folded, ins)[0]
+    assert torch.isfinite(out).all()
+    _check(loops, folded, ins, 1e-6)
+    half = [t.half() for t in (q, k, mask)]
+    loops, _ = _loops(fn, half)
+    consts = [a for n in fold_exp2(loops, through_half=True).nodes if n.op == "mul" for a in n.args
+              if isinstance(a, float)]
+    assert any(abs(c - 0.25 * LOG2E) < 1e-12 for c in consts), consts     # fp16's range cannot overflow: folded

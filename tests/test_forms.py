@@ -60,3 +60,17 @@ def test_each_form_fires_and_leaving_it_out_keeps_the_answer(name, kept, monkeyp
         assert bool(re.search(fired, src)) is kept, name
     if plain:
         assert bool(re.search(plain, src)) is not kept, name
+
+
+@pytest.mark.parametrize("fill", [-math.inf, -1e4, -1e9], ids=["-inf", "-1e4", "-1e9"])
+def test_a_huge_finite_fill_keeps_the_normaliser_apart(fill):
+    """A fully masked row's max is the mask's fill: folded into m + log2 d, float32 rounds -1e9 * log2 e to a
+    step of 128, which swallowed log2 d (each probability 1 where eager has 1 / Skv), and -1e4 * log2 e to a step
+    of 2^-10 (3e-4 off). A max that may hold a constant or input past forms.FOLD_LIMIT keeps exp2(x - m) / d."""
+    def fn(q, k):
+        gone = torch.ones(47, 35, dtype=torch.bool).triu(-11)     # bottom-right causal: 12 fully masked rows
+        p = torch.softmax((q @ k.transpose(-1, -2)).masked_fill(gone, fill), dim=-1)
+        return p.sum(dim=-2), p.amax(dim=-2)
+
+    src, _ = _sources(fn, (torch.randn(2, 47, 16, generator=G), torch.randn(2, 35, 16, generator=G)))
+    assert bool(re.search(r"p_\d+ = tl\.exp2\(", src)) is (fill == -math.inf)

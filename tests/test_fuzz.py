@@ -1,11 +1,13 @@
 """Differential fuzzing: random attention-like programs, compiled against eager (docs/design.md §6).
 
-Programs are drawn from a small grammar (masks, index-derived biases, score transforms,
-statistics over either dimension of the probabilities, GQA expands, linear-attention
-normalisations) at random shapes and dtypes, built as Python closures, and run through
-`ft.compile`. A program may fall back to eager, but it must still give the right answer, and
-most of a campaign must fuse (FUSED_FLOOR); a crash or a wrong answer fails. The default budget is small; set
-FLASHTENSOR_FUZZ_EXAMPLES for a longer campaign (see README, "Run the tests").
+Programs are drawn from the grammar in tests/fuzz_programs.py (masks and their constants, HF padding masks
+passed in, index-derived biases, score transforms, RoPE, statistics over either dimension of the
+probabilities, multi-output ops, GQA expands, linear-attention normalisations, containers, keyword and global
+scales that change between calls, inputs that require grad) at random shapes and dtypes, and run through
+`ft.compile`. A program may fall back to eager, but it must still give the right answer, and the programs
+expected to fuse must fuse (FUSED_FLOOR); a crash or a wrong answer fails. The default budget is small; set
+FLASHTENSOR_FUZZ_EXAMPLES for a longer campaign and FLASHTENSOR_FUZZ_SEED to seed its draw (README, "Run the
+tests"; scripts/fuzz_campaign.py runs several at once).
 """
 from __future__ import annotations
 
@@ -13,14 +15,11 @@ import math
 import os
 import warnings
 from collections import Counter
-from dataclasses import dataclass
 from typing import Callable, Optional
 
 import pytest
 import torch
-import torch.nn.functional as F
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, seed, settings
 
 import flashtensor as ft
 from conftest import each_partition
@@ -28,286 +27,198 @@ from flashtensor import FallbackWarning
 from flashtensor.options import CONFIGS
 from flashtensor.runtime.plan import Program
 from flashtensor.testing import as_tuple, compare, compare_with_exact
+from fuzz_programs import (
+    ROW_STATS,
+    THRESHOLD_STATS,
+    Spec,
+    build,
+    expected_to_fuse,
+    extra_names,
+    inputs,
+    invoke,
+    output_names,
+    prepared,
+    probabilities,
+    specs,
+)
 
 EXAMPLES = int(os.environ.get("FLASHTENSOR_FUZZ_EXAMPLES", "12"))
-# on a GPU machine (no interpreter) the programs run as compiled kernels on the GPU
-DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
-# FLASHTENSOR_FUZZ_DTYPES=fp16,bf16 restricts a campaign (a GPU campaign in half precision, say)
-_NAMED = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-DTYPES = tuple(_NAMED[d] for d in os.environ.get("FLASHTENSOR_FUZZ_DTYPES", "fp32,fp16,bf16").split(","))
-ROW_STATS = ("rowmax", "rowsum", "entropy", "rowcount")
-COL_STATS = ("colsum", "colsq", "colmax", "colany", "colcount")
-THRESHOLD_STATS = ("rowcount", "colany", "colcount")
+SEED = os.environ.get("FLASHTENSOR_FUZZ_SEED")
 # relative distance to a threshold within which eager's own rounding may flip a comparison
 NEAR = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
-
 TALLY: Counter = Counter()
 
 
-@dataclass(frozen=True)
-class Spec:
-    """One drawn program: an attention (kind "softmax"/"sigmoid") or a linear attention (kind "linear")."""
-    kind: str
-    batch: int
-    heads: int
-    kv_heads: int
-    q_len: int
-    kv_len: int
-    dim: int
-    dtype: torch.dtype
-    layout: str = "bhsd"              # bshd: inputs are (B, S, H, D) and the program transposes them
-    expand: str = "repeat_interleave"
-    scale: float = 1.0
-    cap: Optional[float] = None       # tanh soft cap
-    slope: Optional[float] = None     # ALiBi-like bias (j - i) * slope
-    mask: str = "none"                # none | causal | band | prefix
-    width: int = 0                    # band window or prefix length
-    apply: str = "masked_fill"        # masked_fill | where | additive
-    float_probs: bool = False         # softmax over s.float() (the workloads' habit for half inputs)
-    stats: tuple[str, ...] = ()
-    threshold: float = 0.0            # times 1 / kv_len, for the threshold statistics
-    feature: str = "ea"               # linear attention: ea (softmaxes) | sima (L1 normalise over tokens)
-    cast_inside: bool = False         # half dtypes: float32 inputs that the program casts to dtype first
-    noise: bool = False               # softmax/sigmoid: scores plus -log(u) for a float32 input u (KeyFormer's)
-    plant: Optional[float] = None     # a value put in u at one place (0, -1, NaN, a subnormal, inf)
-    seed: int = 0
-    config: int = 0                   # the tuner config its kernels use: an index into autotune.CONFIGS
-
-
-def _expand_heads(x: torch.Tensor, spec: Spec) -> torch.Tensor:
-    """GQA: each of kv_heads heads serves heads // kv_heads query heads."""
-    g = spec.heads // spec.kv_heads
-    if g == 1:
-        return x
-    if spec.expand == "repeat_interleave":
-        return x.repeat_interleave(g, dim=1)
-    b, h, s, d = x.shape
-    return x[:, :, None].expand(b, h, g, s, d).reshape(b, h * g, s, d)
-
-
-def _wide(dtype: torch.dtype) -> torch.dtype:
-    """float32 for half inputs, the input's own type otherwise (float64 for the exact reference)."""
-    return torch.promote_types(dtype, torch.float32)
-
-
-def probabilities(spec: Spec, q: torch.Tensor, k: torch.Tensor, u: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The (B, H, Sq, Skv) probabilities of a softmax/sigmoid program; q, k in (B, H, S, D); u the noise."""
-    s = q @ k.transpose(-1, -2) * spec.scale
-    if spec.cap is not None:
-        s = torch.tanh(s / spec.cap) * spec.cap
-    i = torch.arange(spec.q_len, device=q.device)[:, None] + (spec.kv_len - spec.q_len)  # bottom-right aligned
-    j = torch.arange(spec.kv_len, device=q.device)[None, :]
-    if spec.slope is not None:
-        s = s + (j - i).to(s.dtype) * spec.slope
-    masked = {"none": None, "causal": j > i, "band": (j > i) | (j < i - spec.width),
-              "prefix": (j > i) & (j >= spec.width)}[spec.mask]
-    if masked is not None:
-        if spec.apply == "masked_fill":
-            s = s.masked_fill(masked, -math.inf)
-        elif spec.apply == "where":
-            s = torch.where(masked, torch.full_like(s, -math.inf), s)
-        else:
-            s = s + torch.zeros(masked.shape, dtype=s.dtype, device=s.device).masked_fill(masked, -math.inf)
-    if u is not None:
-        s = s.to(_wide(s.dtype)) - torch.log(u)
-    if spec.kind == "sigmoid":
-        return torch.sigmoid(s)
-    return torch.softmax(s.to(_wide(s.dtype)) if spec.float_probs else s, dim=-1)
-
-
-def _stat(name: str, p: torch.Tensor, spec: Spec) -> torch.Tensor:
-    thr = spec.threshold / spec.kv_len
-    return {
-        "rowmax": lambda: p.amax(dim=-1),
-        "rowsum": lambda: p.sum(dim=-1),
-        "entropy": lambda: -(p * torch.log(p + 1e-6)).sum(dim=-1),
-        "rowcount": lambda: (p > thr).sum(dim=-1),
-        "colsum": lambda: p.sum(dim=-2),
-        "colsq": lambda: (p * p).sum(dim=-2),
-        "colmax": lambda: p.amax(dim=-2),
-        "colany": lambda: (p >= thr).any(dim=-2),
-        "colcount": lambda: (p > thr).sum(dim=-2),
-    }[name]()
-
-
-def build(spec: Spec) -> Callable:
-    """The drawn program as a plain-PyTorch closure over the spec."""
-    def attention(q, k, v, *noise):
-        if spec.cast_inside and q.dtype == torch.float32:     # (the float64 reference passes them rounded)
-            q, k, v = (t.to(spec.dtype) for t in (q, k, v))
-        if spec.layout == "bshd":
-            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        k, v = _expand_heads(k, spec), _expand_heads(v, spec)
-        p = probabilities(spec, q, k, *noise)
-        o = p.to(v.dtype) @ v
-        if spec.layout == "bshd":
-            o = o.transpose(1, 2)
-        return (o, *(_stat(name, p, spec) for name in spec.stats))
-
-    def linear(q, k, v):
-        k, v = _expand_heads(k, spec), _expand_heads(v, spec)
-        if spec.feature == "ea":
-            q, k = q.softmax(dim=-1), k.softmax(dim=-2)
-        else:
-            q, k = F.normalize(q, p=1, dim=-2), F.normalize(k, p=1, dim=-2)
-        return q @ (k.transpose(-2, -1) @ v)
-
-    return linear if spec.kind == "linear" else attention
-
-
-def inputs(spec: Spec) -> tuple[torch.Tensor, ...]:
-    g = torch.Generator().manual_seed(spec.seed)
-    shapes = [(spec.batch, h, n, spec.dim) for h, n in
-              ((spec.heads, spec.q_len), (spec.kv_heads, spec.kv_len), (spec.kv_heads, spec.kv_len))]
-    if spec.kind == "linear":   # linear attention reads tokens along the same axis for q, k and v
-        shapes[0] = (spec.batch, spec.heads, spec.kv_len, spec.dim)
-    out = []
-    for shape in shapes:
-        if spec.layout == "bshd":
-            shape = (shape[0], shape[2], shape[1], shape[3])
-        out.append(torch.randn(*shape, generator=g).to(DEVICE, torch.float32 if spec.cast_inside else spec.dtype))
-    if spec.noise:
-        u = 0.05 + 2 * torch.rand(spec.batch, spec.heads, spec.q_len, spec.kv_len, generator=g)
-        if spec.plant is not None:
-            u.view(-1)[int(torch.randint(u.numel(), (1,), generator=g))] = spec.plant
-        out.append(u.to(DEVICE))
-    return tuple(out)
-
-
-@st.composite
-def specs(draw) -> Spec:
-    kind = draw(st.sampled_from(["softmax", "softmax", "softmax", "sigmoid", "linear"]))
-    kv_heads = draw(st.sampled_from([1, 2]))
-    heads = kv_heads * draw(st.sampled_from([1, 1, 2]))
-    kv_len = draw(st.integers(1, 80))
-    common = dict(batch=draw(st.sampled_from([1, 1, 2])), heads=heads, kv_heads=kv_heads, kv_len=kv_len,
-                  dim=draw(st.sampled_from([16, 32])), dtype=draw(st.sampled_from(DTYPES)),
-                  expand=draw(st.sampled_from(["repeat_interleave", "expand"])),
-                  seed=draw(st.integers(0, 2 ** 16)), config=draw(st.integers(0, len(CONFIGS) - 1)))
-    if kind == "linear":
-        return Spec(kind, q_len=kv_len, feature=draw(st.sampled_from(["ea", "sima"])), **common)
-    q_len = draw(st.one_of(st.just(kv_len), st.integers(1, kv_len), st.integers(1, 80)))
-    mask = draw(st.sampled_from(["none", "causal", "causal", "band", "prefix"]))
-    stats = draw(st.lists(st.sampled_from(ROW_STATS + COL_STATS), max_size=2, unique=True))
-    noise = draw(st.sampled_from([False, False, True]))
-    return Spec(
-        kind, q_len=q_len, layout=draw(st.sampled_from(["bhsd", "bshd"])),
-        scale=draw(st.sampled_from([1.0, 0.25, 1 / math.sqrt(common["dim"])])),
-        cap=draw(st.one_of(st.none(), st.sampled_from([5.0, 30.0]))),
-        slope=draw(st.one_of(st.none(), st.sampled_from([0.05, -0.5]))),
-        mask=mask, width=draw(st.integers(0, 40)), apply=draw(st.sampled_from(["masked_fill", "where", "additive"])),
-        float_probs=draw(st.booleans()), stats=tuple(stats), threshold=draw(st.sampled_from([0.5, 1.0, 2.0])),
-        cast_inside=common["dtype"] != torch.float32 and draw(st.booleans()), noise=noise,
-        plant=draw(st.sampled_from([None, None, 0.0, -1.0, math.nan, 1e-40, math.inf])) if noise else None, **common)
-
-
-def outcome(prog: Program) -> str:
-    """fused (every piece in kernels), partial (some piece in eager) or fallback (all eager). A fallback
-    caused by a compiler bug (the driver catches it to keep the answer right) fails the test."""
-    bugs = [n for n in prog.notes if n.startswith("internal compiler error")]
+def outcome(progs: list[Program]) -> str:
+    """fused (every piece in kernels), partial (some piece in eager) or fallback (all eager; also a call that
+    requires grad, which plans nothing). A fallback caused by a compiler bug (the driver catches it to keep the
+    answer right) fails the test; so does a changed scale that changes what fuses."""
+    bugs = [n for p in progs for n in p.notes if n.startswith("internal compiler error")]
     assert not bugs, bugs
-    if not prog.launches:
-        return "fallback"
-    return "partial" if prog.notes else "fused"
+    kinds = {"fallback" if not p.launches else "partial" if p.notes else "fused" for p in progs}
+    assert len(kinds) <= 1, kinds
+    return kinds.pop() if kinds else "fallback"
 
 
 def as_read(spec: Spec, args: tuple) -> list[torch.Tensor]:
-    """The inputs as the program reads them: q, k, v through its own cast, if it has one (the noise as it is)."""
+    """The inputs as the program reads them: q, k, v through its own cast, if it has one (the rest as they are)."""
     return [a.to(spec.dtype) if spec.cast_inside and i < 3 else a for i, a in enumerate(args)]
 
 
 def exact_args(spec: Spec, args: tuple) -> list[torch.Tensor]:
     """The inputs in float64 for the exact reference, as the program reads them."""
-    return [a.double() for a in as_read(spec, args)]
+    return [a.detach().double() for a in as_read(spec, args)]
 
 
-def _near_threshold(spec: Spec, name: str, args: tuple) -> torch.Tensor:
+def _probs(spec: Spec, xs: list[torch.Tensor], scale: float) -> torch.Tensor:
+    extra = dict(zip(extra_names(spec), xs[3:]))
+    q, k, _ = prepared(spec, *xs[:3], extra)
+    return probabilities(spec, q, k, extra, scale).double()
+
+
+def _near_threshold(spec: Spec, name: str, args: tuple, scale: float) -> torch.Tensor:
     """Per output element of a threshold statistic: how many probabilities sit within rounding of it, or on
     the other side of it in eager's own precision than in float64 (bf16 scores of 30 round by 0.06, and
     their probabilities move by 6%)."""
-    def probs(xs):
-        if spec.layout == "bshd":
-            xs = [t.transpose(1, 2) for t in xs[:3]] + list(xs[3:])
-        return probabilities(spec, xs[0], _expand_heads(xs[1], spec), *xs[3:]).double()
-
-    p = probs(exact_args(spec, args))
-    own = probs(as_read(spec, args))
+    p, own = _probs(spec, exact_args(spec, args), scale), _probs(spec, as_read(spec, args), scale)
     thr = spec.threshold / spec.kv_len
     near = ((p - thr).abs() <= NEAR[spec.dtype] * thr) | ((p > thr) != (own > thr))
     return near.sum(dim=-1 if name in ROW_STATS else -2)
 
 
-def check(spec: Spec, fn: Callable, args: tuple, out, ref) -> None:
+def _argmax_near(spec: Spec, o: torch.Tensor, r: torch.Tensor, args: tuple, scale: float) -> bool:
+    """Whether every index that differs from eager's picks a probability within rounding of the row's float64
+    maximum (a NaN where the row has one): bf16 scores of 30 round by 0.06, so eager's own pick may be off."""
+    p = _probs(spec, exact_args(spec, args), scale)
+    mine, top = p.gather(-1, o.long()[..., None])[..., 0], p.amax(dim=-1)
+    near = (mine >= top * (1 - NEAR[spec.dtype])) | (mine.isnan() & top.isnan())
+    return bool(near[o != r].all())
+
+
+def check(spec: Spec, fn: Callable, args: tuple, out, ref, scale: float) -> None:
     """docs/design.md §6 per output, with its float64 rule (flashtensor.testing.compare_with_exact: half
     results that miss eager by more than 2e-3, and ill-conditioned float32 ones, are held to the float64
     answer; NaN and inf to float64's places where eager's half-precision result puts them elsewhere: the
     CPU's bf16 matmul spreads a NaN row of p into its neighbour's output row). Threshold statistics may
-    differ from eager only where a probability sits within rounding of the threshold."""
+    differ from eager only where a probability sits within rounding of the threshold, an argmax only where
+    its pick is within rounding of the row's maximum."""
     outs, refs = as_tuple(out), as_tuple(ref)
     assert len(outs) == len(refs), f"{len(outs)} outputs, eager gives {len(refs)}"
-    names = ("o",) + spec.stats
+    names = output_names(spec)
+    exact: Optional[tuple] = None
     for k, (o, r) in enumerate(zip(outs, refs)):
         name = names[k] if k < len(names) else str(k)
-        if name in THRESHOLD_STATS and not torch.equal(o, r):
+        if name in THRESHOLD_STATS + ("argmax",) and not torch.equal(o, r):
             assert o.shape == r.shape and o.dtype == r.dtype, (name, o.shape, r.shape)
-            slack = _near_threshold(spec, name, args)
+            if name == "argmax":
+                assert _argmax_near(spec, o, r, args, scale), f"{name}: picks differ beyond rounding"
+                continue
+            slack = _near_threshold(spec, name, args, scale)
             off = (o.long() - r.long()).abs()
             assert bool((off <= slack).all()), f"{name}: {int((off > slack).sum())} elements differ beyond rounding"
             continue
         m = compare(o, r)
         if not m.ok:
-            m = compare_with_exact(o, r, as_tuple(fn(*exact_args(spec, args)))[k])
+            if exact is None:
+                with torch.no_grad():
+                    exact = as_tuple(invoke(spec, fn, exact_args(spec, args), scale))
+            m = compare_with_exact(o, r, exact[k])
         assert m.ok, f"{name}: {m.problem}"
 
 
-def run_spec(spec: Spec, candidate: Optional[int] = None) -> Program:
+def _grads(spec: Spec, fn: Callable, args: tuple) -> tuple[tuple, tuple]:
+    """fn's outputs on copies of args whose q, k, v require grad, and their gradients of a random projection of
+    the floating outputs (the same projection on every call)."""
+    leaves = [a.detach().clone().requires_grad_(i < 3) for i, a in enumerate(args)]
+    outs = as_tuple(invoke(spec, fn, leaves))
+    g = torch.Generator().manual_seed(spec.seed + 1)
+    loss = sum((o.double() * torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.device)).sum()
+               for o in outs if o.requires_grad)
+    return tuple(o.detach() for o in outs), torch.autograd.grad(loss, leaves[:3])
+
+
+def _check_grads(spec: Spec, fn: Callable, compiled: Callable, args: tuple) -> None:
+    """Outputs and gradients under autograd match eager's (the float64 rule for a half-precision gradient)."""
+    (out, grads), (ref, refs) = _grads(spec, compiled, args), _grads(spec, fn, args)
+    check(spec, fn, args, out, ref, spec.scale)
+    exact: Optional[tuple] = None
+    for name, o, r in zip("qkv", grads, refs):
+        m = compare(o, r)
+        if not m.ok:
+            if exact is None:
+                exact = _grads(spec, fn, tuple(exact_args(spec, args)))[1]
+            m = compare_with_exact(o, r, exact["qkv".index(name)])
+        assert m.ok, f"d{name}: {m.problem}"
+
+
+def run_spec(spec: Spec, candidate: Optional[int] = None) -> list[Program]:
     """Compile and check one program, its kernels at the spec's tuner config alone (block sizes decide
     which tiles straddle an extent or a mask; on the GPU, one compile per kernel), the search offered only
-    `candidate` where it is given; returns its program."""
+    `candidate` where it is given; with a rescale, a second call at the new scale, which must plan anew.
+    Returns its programs (none for inputs that require grad)."""
     fn, args = build(spec), inputs(spec)
-    with torch.no_grad():
-        ref = fn(*args)
-    compiled = ft.compile(fn, cache=False, configs=[CONFIGS[spec.config]], candidate=candidate)
+    compiled = ft.compile(fn, cache=False, configs=[CONFIGS[spec.config]], candidate=candidate,
+                          eager_if_faster=False)     # on a GPU: the kernels, even where eager is faster
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FallbackWarning)
-        out = compiled(*args)
-    check(spec, fn, args, out, ref)
-    (prog,) = compiled.programs.values()
-    return prog
+        if spec.grad:
+            _check_grads(spec, fn, compiled, args)
+            return list(compiled.programs.values())
+        scales = (spec.scale,) if spec.rescale is None else (spec.scale, spec.rescale)
+        for scale in scales:
+            with torch.no_grad():
+                ref = invoke(spec, fn, args, scale)
+            check(spec, fn, args, invoke(spec, compiled, args, scale), ref, scale)
+    assert len(compiled.programs) == len(scales), "a changed scale reused the plan of the old one"
+    return list(compiled.programs.values())
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _report(request):
+    """One line per process, which a driver (scripts/fuzz_campaign.py) sums: expected counts the programs
+    expected_to_fuse, expected_fused those of them that fused."""
     yield
-    tr = request.config.pluginmanager.get_plugin("terminalreporter")
-    if tr is not None and TALLY:
-        tr.write_line("fuzz: " + ", ".join(f"{k} {v}" for k, v in sorted(TALLY.items())))
+    plugins = request.config.pluginmanager
+    tr, capture = plugins.get_plugin("terminalreporter"), plugins.get_plugin("capturemanager")
+    if tr is not None and capture is not None and TALLY:
+        keys = ("fused", "partial", "fallback", "tried", "expected", "expected_fused")
+        with capture.global_and_fixture_disabled():      # past the capture of the teardown's output
+            tr.write_line("fuzz: " + ", ".join(f"{k} {TALLY[k]}" for k in keys))
 
 
-@settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize="FLASHTENSOR_FUZZ_EXAMPLES" not in os.environ, print_blob=True,
+@settings(max_examples=EXAMPLES, deadline=None, database=None, print_blob=True,
+          derandomize="FLASHTENSOR_FUZZ_EXAMPLES" not in os.environ and SEED is None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(specs())
 def _campaign(spec: Spec):
     TALLY["tried"] += 1
-    TALLY[outcome(run_spec(spec))] += 1
+    result = outcome(run_spec(spec))
+    TALLY[result] += 1
+    if expected_to_fuse(spec):
+        TALLY["expected"] += 1
+        TALLY["expected_fused"] += result == "fused"
 
 
-# The share of drawn programs that must run wholly in kernels (test_random_programs_match_eager says what was seen).
+if SEED is not None:
+    _campaign = seed(int(SEED))(_campaign)
+
+
+# The share of the drawn programs expected to fuse that must run wholly in kernels (the test says what was seen).
 FUSED_FLOOR = 0.9
 
 
 def test_random_programs_match_eager():
     """The campaign: every drawn program gives eager's answer (a crash, a wrong answer or an internal
-    compiler error fails at once, with hypothesis's reproduction), and at least FUSED_FLOOR of them run
-    wholly in kernels, so a regression that sends programs to the eager fallback fails too (a fallback alone
-    gives eager's answer). Seen under the interpreter: 12 of 12 fused in the default draw, 60 of 60 in each of
-    four campaigns of 60 (FLASHTENSOR_FUZZ_EXAMPLES=60) and 300 of 300 in one of 300, no partial plan and no
-    fallback; the floor of 90% leaves one program in ten below that (one of the default 12)."""
+    compiler error fails at once, with hypothesis's reproduction), and at least FUSED_FLOOR of those expected to
+    fuse (fuzz_programs.expected_to_fuse: not RoPE, argmax or grad, which run eagerly today) run wholly in
+    kernels, so a regression that sends programs to the eager fallback fails too (a fallback alone gives
+    eager's answer). SEEN"""
     before = Counter(TALLY)
     _campaign()
-    tried, fused = TALLY["tried"] - before["tried"], TALLY["fused"] - before["fused"]
-    assert tried > 0
-    assert fused >= FUSED_FLOOR * tried, f"only {fused} of {tried} programs fused: {dict(TALLY - before)}"
+    got = TALLY - before
+    assert got["tried"] > 0
+    assert got["expected_fused"] >= FUSED_FLOOR * got["expected"], f"only {got['expected_fused']} of " \
+        f"{got['expected']} programs expected to fuse fused: {dict(got)}"
 
 
 # Programs the fuzzer found failing, replayed deterministically (the fix is named in each entry).
@@ -359,6 +270,28 @@ FOUND = [
     # puts on the other side of the threshold than float64 does (the kernels, in float32, agree with float64)
     Spec("softmax", batch=1, heads=2, kv_heads=2, q_len=53, kv_len=53, dim=32, dtype=torch.bfloat16, slope=-0.5,
          stats=("colsum", "rowcount"), threshold=0.5, seed=1569),
+    # Hugging Face's additive mask passed in, (1 - m) * finfo.min with left padding, so the first rows of each
+    # sequence are fully masked (eager: a uniform row): log2 e folded into the float32 or bf16 input made
+    # finfo.min * log2 e = -inf and those rows NaN (transform/exp2.py now bounds an input by its type's range)
+    Spec("softmax", batch=2, heads=1, kv_heads=1, q_len=20, kv_len=20, dim=16, dtype=torch.float32, mask="causal",
+         apply="input", pad=6),
+    Spec("softmax", batch=1, heads=1, kv_heads=1, q_len=20, kv_len=20, dim=16, dtype=torch.bfloat16, mask="causal",
+         apply="input", pad=6),
+    # a fill of -1e9 with q_len > kv_len: the fully masked rows' max is the fill, and m + log2 l, stored for the
+    # column kernel, lost log2 l to float32's rounding of -1e9 * log2 e (a step of 128), so each probability there
+    # was 1, not 1 / kv_len (codegen/forms.py's exp_over_parts now folds only maxima no larger than FOLD_LIMIT)
+    Spec("softmax", batch=1, heads=1, kv_heads=1, q_len=47, kv_len=35, dim=16, dtype=torch.float32, mask="causal",
+         stats=("colany",), threshold=2.0, fill="-1e9"),
+    # a sigmoid of scores filled with -1e9: the facts' value of the masked region, 1 / (1 + exp(1e9)), raised
+    # OverflowError (an internal compiler error; analysis/facts.py's _exp now gives inf past float's range)
+    Spec("sigmoid", batch=1, heads=1, kv_heads=1, q_len=8, kv_len=8, dim=16, dtype=torch.float32, mask="causal",
+         fill="-1e9"),
+    # the argmax of bf16 probabilities (soft-capped scores of 30 round by 0.125), which eager takes from the
+    # kernels' p (the noise input is as large, so p may cross): eager's own pick is 8% below the float64 maximum
+    # where ours is at it, and a planted NaN makes both pick a NaN; the check now holds a differing pick to
+    # the float64 maximum, and only where picks differ
+    Spec("softmax", batch=2, heads=1, kv_heads=1, q_len=55, kv_len=73, dim=32, dtype=torch.bfloat16, cap=30.0,
+         slope=0.05, stats=("argmax",), threshold=0.5, noise=True, plant=math.nan, seed=2746),
     # a 0 planted in the noise makes one row of p NaN; eager's bf16 matmul on the CPU made the row before it NaN
     # too, which float64 (and the kernels) do not: the check now holds NaN placement to float64 where eager's
     # half-precision result differs from it (first drawn with the tuner config in the spec)
@@ -371,12 +304,15 @@ FOUND = [
 FOUND_IDS = ["colmax_fully_masked_rows", "fp16_large_scores", "bf16_linear", "single_query_softmax_colsum",
              "single_query_sigmoid_colsum", "one_key_shared_output_node", "one_element_bf16", "band_of_one_key",
              "ill_conditioned_entropy", "bf16_two_truncations", "bf16_casts_of_inputs_rounded_everywhere",
-             "noise_log_in_padded_lanes", "bf16_rounding_across_a_threshold", "eager_bf16_matmul_spreads_a_nan_row"]
+             "noise_log_in_padded_lanes", "bf16_rounding_across_a_threshold", "hf_input_mask_fp32", "hf_input_mask_bf16",
+             "huge_fill_in_a_folded_normaliser", "sigmoid_of_a_huge_fill",
+             "bf16_argmax_from_the_kernels_p",
+             "eager_bf16_matmul_spreads_a_nan_row"]
 
 
 @pytest.mark.parametrize("spec", FOUND, ids=FOUND_IDS)
 def test_programs_the_fuzzer_found(spec: Spec):
-    assert outcome(run_spec(spec)) == "fused"
+    assert outcome(run_spec(spec)) == "fused" or not expected_to_fuse(spec)
 
 
 @pytest.mark.parametrize("spec", FOUND, ids=FOUND_IDS)
@@ -386,7 +322,20 @@ def test_every_partition_the_gpu_search_times(spec: Spec):
     the product through the probabilities another kernel stores, and its emission crashed on the GPU only:
     codegen/schedule.py's factorize now stops at loaded values.)"""
     def run(k):
-        prog = run_spec(spec, candidate=k)
-        assert outcome(prog) == "fused", k
-        return prog.plan
+        progs = run_spec(spec, candidate=k)
+        assert outcome(progs) == "fused" or not expected_to_fuse(spec), k
+        return progs[0].plan
     each_partition(run)
+
+
+@pytest.mark.xfail(strict=True, reason="fp16 rounds p + 1e-9 to 0 where p is 0, and eager's entropy is NaN there; "
+                                       "the kernels add the epsilon in float32 (docs/design.md §6: round as eager)")
+def test_an_epsilon_that_fp16_rounds_away():
+    """The campaign's check takes float64's NaN places where eager's half-precision result puts NaN elsewhere
+    (compare_with_exact), so it passes this entropy; the contract also asks the kernels to round an
+    intermediate as eager does where that decides the result: here, NaN in every row with a masked key."""
+    spec = Spec("softmax", batch=1, heads=1, kv_heads=1, q_len=8, kv_len=8, dim=16, dtype=torch.float16,
+                mask="causal", stats=("entropy",), eps=1e-9)
+    fn, args = build(spec), inputs(spec)
+    out = ft.compile(fn, cache=False)(*args)
+    assert compare(out[1], fn(*args)[1]).ok

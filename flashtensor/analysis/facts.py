@@ -189,11 +189,11 @@ class Facts:
         if op == "reduce":
             return self._reduce(n, fs[0])
         if op in ("exp", "exp2"):
-            return [(r, 0.0 if v == -math.inf else (math.exp(v) if op == "exp" else 2.0 ** v)) for r, v in fs[0]]
+            return [(r, _exp(v, two=op == "exp2")) for r, v in fs[0]]
         if op == "neg":
             return [(r, -v) for r, v in fs[0]]
         if op in ("tanh", "sigmoid"):
-            f = math.tanh if op == "tanh" else (lambda v: 0.0 if v == -math.inf else 1 / (1 + math.exp(-v)))
+            f = math.tanh if op == "tanh" else (lambda v: 1 / (1 + _exp(-v)))
             return [(r, f(v)) for r, v in fs[0]]
         if op in ("add", "sub", "mul", "div"):
             return self._arith(op, args, fs)
@@ -489,3 +489,11 @@ def exact_sum(n: LNode) -> bool:
         return False
     a, b = n.args
     return any(zero_or_inf(m) and isinstance(x, LNode) and x.dtype == n.dtype for x, m in ((a, b), (b, a)))
+
+
+def _exp(v: float, two: bool = False) -> float:
+    """e^v (2^v), inf past float's range, where Python raises (the sigmoid of a -1e9 mask fill)."""
+    try:
+        return 2.0 ** v if two else math.exp(v)
+    except OverflowError:
+        return math.inf

@@ -16,6 +16,7 @@ import torch
 
 from ..analysis.facts import nonnegative
 from ..ir.loops import LNode, Var
+from ..transform.exp2 import largest
 from .body import Body
 from .lower import BINARY, HALF
 from .tiles import Tiles
@@ -143,10 +144,17 @@ def reciprocal(em: Tiles, d: Any, tv: list[Var], ctx: Optional[Body], lines: lis
     return em.bcast(rcp, have, tv)
 
 
+# the largest |m| that exp_over folds into m + log2 d: float32 rounds the sum by up to |m| * 2^-24, a relative
+# error of ln 2 times that in the quotient (1.1e-5 here); a fully masked row's m is the mask's fill (-1e9 * log2 e,
+# whose rounding step of 128 swallowed log2 d: every probability 1 instead of 1 / Skv)
+FOLD_LIMIT = 2.0 ** 8
+
+
 def exp_over_parts(e: Any, d: Any) -> Optional[tuple]:
-    """(x, m) where e / d is exp2(x - m) / d with d >= 0: the form `exp_over` folds."""
+    """(x, m) where e / d is exp2(x - m) / d with d >= 0 and m no larger than FOLD_LIMIT wherever it is a
+    constant or an input of the program (transform.exp2.largest): the form `exp_over` folds."""
     if isinstance(e, LNode) and e.op == "exp2" and isinstance(e.args[0], LNode) and e.args[0].op == "sub" \
-            and isinstance(d, LNode) and nonnegative(d):
+            and isinstance(d, LNode) and nonnegative(d) and largest(e.args[0].args[1]) <= FOLD_LIMIT:
         return e.args[0].args[0], e.args[0].args[1]
     return None
 

@@ -144,14 +144,18 @@ def _finite(v: float, c: float) -> float:
     return abs(v * c) if math.isfinite(v) else 0.0
 
 
-def _largest(x, c: float, through_half: bool) -> float:
-    """The largest magnitude of a finite constant that scaling x by c would create (the pushes of
-    `_Folder._scale`)."""
+def largest(x, c: float = 1.0) -> float:
+    """The largest finite magnitude that scaling x by c could create, from its constants and inputs (the
+    pushes of `_Folder._scale`; a value the factor stops at is multiplied whole, with the same magnitudes). An
+    input may hold any finite value of its type: Hugging Face passes its finfo(float32).min mask in. Computed
+    values (sums, transcendentals) count as 0. codegen.forms also asks it how large a row max may be."""
     if not isinstance(x, LNode):
         return _finite(float(x), c) if not isinstance(x, bool) else 0.0
     op, a = x.op, x.args
-    if not x.dtype.is_floating_point or _opaque(x, through_half):
+    if not x.dtype.is_floating_point:
         return 0.0
+    if op == "load":
+        return _finite(torch.finfo(x.dtype).max, c)
     if op == "scalar":
         return _finite(float(x.attrs["value"]), c)
     if op in ("mul", "div") and _const(a[1]) is not None or op == "mul" and _const(a[0]) is not None:
@@ -159,20 +163,20 @@ def _largest(x, c: float, through_half: bool) -> float:
         k = k if op == "mul" else (1.0 / k if k else math.inf)
         if not math.isfinite(k) or k == 0:
             return 0.0
-        return _finite(k, c) if not isinstance(other, LNode) else _largest(other, k * c, through_half)
+        return _finite(k, c) if not isinstance(other, LNode) else largest(other, k * c)
     if op in ("add", "sub"):
-        return max(_largest(a[0], c, through_half), _largest(a[1], c, through_half))
+        return max(largest(a[0], c), largest(a[1], c))
     if op in ("neg", "cast") or (op == "reduce" and x.attrs["kind"] in ("max", "min")):
-        return _largest(a[0], c, through_half)
+        return largest(a[0], c)
     if op == "where":
-        return max(_largest(a[1], c, through_half), _largest(a[2], c, through_half))
+        return max(largest(a[1], c), largest(a[2], c))
     return 0.0
 
 
-def _unscalable(g: LoopGraph, through_half: bool) -> set[int]:
-    """Exps whose argument holds a constant that folding log2 e into it would push past LIMIT: they stay
+def _unscalable(g: LoopGraph) -> set[int]:
+    """Exps whose argument holds a constant or an input that folding log2 e into it could push past LIMIT: they stay
     exp2(x * log2 e), with the multiply after the subtraction of the max, where every value is finite."""
-    return {id(n) for n in g.nodes if n.op == "exp" and _largest(n.args[0], LOG2E, through_half) > LIMIT}
+    return {id(n) for n in g.nodes if n.op == "exp" and largest(n.args[0], LOG2E) > LIMIT}
 
 
 def _reductions_under_exp(g: LoopGraph, through_half: bool, exps: set[int]) -> set[int]:
@@ -200,7 +204,7 @@ def fold_exp2(g: LoopGraph, through_half: bool) -> LoopGraph:
         return g
     f = _Folder(through_half)
     exps = {id(n) for n in g.nodes if n.op == "exp"}
-    f.unscalable = _unscalable(g, through_half)
+    f.unscalable = _unscalable(g)
     feeds = _reductions_under_exp(g, through_half, exps - f.unscalable) - \
         _reductions_under_exp(g, through_half, f.unscalable)
     for n in g.nodes:

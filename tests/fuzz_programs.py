@@ -1,0 +1,325 @@
+"""The differential fuzzer's grammar (tests/test_fuzz.py): a drawn `Spec`, the plain-PyTorch program it stands
+for, its inputs and how it is called.
+
+The programs use the idioms real attention code uses: masks from index comparisons or from
+`torch.ones(..., dtype=torch.bool).triu`, filled with -inf, torch.finfo(dtype).min or -1e9, or Hugging Face's
+additive (B, 1, Sq, Skv) mask built outside and passed in, with left padding; RoPE by slicing and torch.cat;
+multi-output ops (max with its indices, var_mean); q, k, v as arguments, a list or a dict; the scale as a closure
+variable, a keyword, a default or a module global that changes between calls; inputs that require grad.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from hypothesis import strategies as st
+
+from flashtensor.options import CONFIGS
+
+# on a GPU machine (no interpreter) the programs run as compiled kernels on the GPU
+DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+# FLASHTENSOR_FUZZ_DTYPES=fp16,bf16 restricts a campaign (a GPU campaign in half precision, say)
+_NAMED = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+DTYPES = tuple(_NAMED[d] for d in os.environ.get("FLASHTENSOR_FUZZ_DTYPES", "fp32,fp16,bf16").split(","))
+ROW_STATS = ("rowmax", "rowsum", "entropy", "rowcount", "rowmaxval", "argmax", "rowvar")
+COL_STATS = ("colsum", "colsq", "colmax", "colany", "colcount", "colvar_mean")
+THRESHOLD_STATS = ("rowcount", "colany", "colcount")
+# the outputs of a statistic with more than one (the others have one, named as the statistic)
+OUTPUTS = {"colvar_mean": ("colvar", "colmean")}
+
+SCALE = 1.0       # the module global that a program with scale_from "global" reads (invoke sets it)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One drawn program: an attention (kind "softmax"/"sigmoid") or a linear attention (kind "linear")."""
+    kind: str
+    batch: int
+    heads: int
+    kv_heads: int
+    q_len: int
+    kv_len: int
+    dim: int
+    dtype: torch.dtype
+    layout: str = "bhsd"              # bshd: inputs are (B, S, H, D) and the program transposes them
+    expand: str = "repeat_interleave"
+    scale: float = 1.0
+    cap: Optional[float] = None       # tanh soft cap
+    slope: Optional[float] = None     # ALiBi-like bias (j - i) * slope
+    mask: str = "none"                # none | causal | band | prefix
+    width: int = 0                    # band window or prefix length
+    apply: str = "masked_fill"        # masked_fill | where | additive | input (an HF additive mask passed in)
+    float_probs: bool = False         # softmax over s.float() (the workloads' habit for half inputs)
+    stats: tuple[str, ...] = ()
+    threshold: float = 0.0            # times 1 / kv_len, for the threshold statistics
+    feature: str = "ea"               # linear attention: ea (softmaxes) | sima (L1 normalise over tokens)
+    cast_inside: bool = False         # half dtypes: float32 inputs that the program casts to dtype first
+    noise: bool = False               # softmax/sigmoid: scores plus -log(u) for a float32 input u (KeyFormer's)
+    plant: Optional[float] = None     # a value put in u at one place (0, -1, NaN, a subnormal, inf)
+    seed: int = 0
+    config: int = 0                   # the tuner config its kernels use: an index into autotune.CONFIGS
+    fill: str = "-inf"                # the masked scores' value: -inf | finfo (torch.finfo(dtype).min) | -1e9
+    mask_from: str = "iota"           # iota (index comparisons) | ones (torch.ones(Sq, Skv, dtype=bool).triu/tril)
+    pad: int = 0                      # apply "input": each sequence's keys left-padded by up to this many
+    rope: bool = False                # q and k rotated by rotate_half (slices and torch.cat), cos/sin as inputs
+    eps: float = 1e-6                 # the entropy's epsilon (fp16 rounds p + 1e-9 to 0 where p is 0)
+    pack: str = "args"                # how q, k, v reach the program: args | list | dict
+    scale_from: str = "closure"       # closure (spec.scale) | kwarg | default (a keyword's default) | global
+    rescale: Optional[float] = None   # a second call with this scale must give its own answer (the guards)
+    grad: bool = False                # q, k, v require grad; the gradients of the outputs are checked too
+
+
+def expected_to_fuse(spec: Spec) -> bool:
+    """Whether the compiler fuses the program today (test_fuzz.py's floor counts only these): torch.cat has no
+    lowering (RoPE runs eagerly from it on), the IR has no argmax (eager would need the probabilities, so the
+    whole program runs as written), and inputs that require grad run eagerly by design."""
+    return not (spec.rope or spec.grad or "argmax" in spec.stats)
+
+
+def output_names(spec: Spec) -> tuple[str, ...]:
+    return ("o",) + tuple(n for s in spec.stats for n in OUTPUTS.get(s, (s,)))
+
+
+def extra_names(spec: Spec) -> tuple[str, ...]:
+    """The inputs after q, k and v, in the order the program takes them."""
+    return ("u",) * spec.noise + ("mask",) * (spec.apply == "input") + ("cos", "sin") * spec.rope
+
+
+def _expand_heads(x: torch.Tensor, spec: Spec) -> torch.Tensor:
+    """GQA: each of kv_heads heads serves heads // kv_heads query heads."""
+    g = spec.heads // spec.kv_heads
+    if g == 1:
+        return x
+    if spec.expand == "repeat_interleave":
+        return x.repeat_interleave(g, dim=1)
+    b, h, s, d = x.shape
+    return x[:, :, None].expand(b, h, g, s, d).reshape(b, h * g, s, d)
+
+
+def _wide(dtype: torch.dtype) -> torch.dtype:
+    """float32 for half inputs, the input's own type otherwise (float64 for the exact reference)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' apply_rotary_pos_emb; the queries sit at the last q_len of the keys' positions."""
+    n = x.shape[-2]
+    return x * cos[-n:] + _rotate_half(x) * sin[-n:]
+
+
+def masked(spec: Spec, device: Any) -> Optional[torch.Tensor]:
+    """The (Sq, Skv) positions the mask removes (bottom-right aligned), or None. mask_from "ones" builds the
+    causal and band parts as code often does, from a bool matrix of ones; the prefix's columns stay a comparison."""
+    off = spec.kv_len - spec.q_len
+    if spec.mask_from == "ones" and spec.mask in ("causal", "band"):
+        ones = torch.ones(spec.q_len, spec.kv_len, dtype=torch.bool, device=device)
+        above = ones.triu(off + 1)
+        return above | ones.tril(off - spec.width - 1) if spec.mask == "band" else above
+    i = torch.arange(spec.q_len, device=device)[:, None] + off
+    j = torch.arange(spec.kv_len, device=device)[None, :]
+    return {"none": None, "causal": j > i, "band": (j > i) | (j < i - spec.width),
+            "prefix": (j > i) & (j >= spec.width)}[spec.mask]
+
+
+def probabilities(spec: Spec, q: torch.Tensor, k: torch.Tensor, extra: dict, scale: float) -> torch.Tensor:
+    """The (B, H, Sq, Skv) probabilities of a softmax/sigmoid program; q, k in (B, H, S, D)."""
+    s = q @ k.transpose(-1, -2) * scale
+    if spec.cap is not None:
+        s = torch.tanh(s / spec.cap) * spec.cap
+    if spec.slope is not None:
+        i = torch.arange(spec.q_len, device=q.device)[:, None] + (spec.kv_len - spec.q_len)
+        j = torch.arange(spec.kv_len, device=q.device)[None, :]
+        s = s + (j - i).to(s.dtype) * spec.slope
+    m = masked(spec, q.device) if spec.apply != "input" else None
+    if spec.apply == "input":
+        s = s + extra["mask"]
+    elif m is not None:
+        fill = {"-inf": -math.inf, "finfo": torch.finfo(s.dtype).min, "-1e9": -1e9}[spec.fill]
+        if spec.apply == "masked_fill":
+            s = s.masked_fill(m, fill)
+        elif spec.apply == "where":
+            s = torch.where(m, torch.full_like(s, fill), s)
+        else:
+            s = s + torch.zeros(m.shape, dtype=s.dtype, device=s.device).masked_fill(m, fill)
+    if "u" in extra:
+        s = s.to(_wide(s.dtype)) - torch.log(extra["u"])
+    if spec.kind == "sigmoid":
+        return torch.sigmoid(s)
+    return torch.softmax(s.to(_wide(s.dtype)) if spec.float_probs else s, dim=-1)
+
+
+def _stat(name: str, p: torch.Tensor, spec: Spec) -> tuple[torch.Tensor, ...]:
+    thr = spec.threshold / spec.kv_len
+    return {
+        "rowmax": lambda: (p.amax(dim=-1),),
+        "rowsum": lambda: (p.sum(dim=-1),),
+        "entropy": lambda: (-(p * torch.log(p + spec.eps)).sum(dim=-1),),
+        "rowcount": lambda: ((p > thr).sum(dim=-1),),
+        "rowmaxval": lambda: (p.max(dim=-1).values,),         # the indices output unused
+        "argmax": lambda: (p.max(dim=-1).indices,),
+        "rowvar": lambda: (torch.var_mean(p, dim=-1)[0],),    # the mean output unused
+        "colsum": lambda: (p.sum(dim=-2),),
+        "colsq": lambda: ((p * p).sum(dim=-2),),
+        "colmax": lambda: (p.amax(dim=-2),),
+        "colany": lambda: ((p >= thr).any(dim=-2),),
+        "colcount": lambda: ((p > thr).sum(dim=-2),),
+        "colvar_mean": lambda: torch.var_mean(p, dim=-2),
+    }[name]()
+
+
+def prepared(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extra: dict) -> tuple:
+    """q, k, v as the attention reads them, in (B, H, S, D): cast (where the program casts float32 inputs;
+    the float64 reference passes them rounded), transposed, rotated, k and v expanded to every head."""
+    if spec.cast_inside and q.dtype == torch.float32:
+        q, k, v = (t.to(spec.dtype) for t in (q, k, v))
+    if spec.layout == "bshd":
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    if "cos" in extra:
+        q, k = _rope(q, extra["cos"], extra["sin"]), _rope(k, extra["cos"], extra["sin"])
+    return q, _expand_heads(k, spec), _expand_heads(v, spec)
+
+
+def _scale(spec: Spec, scale: float) -> float:
+    if spec.scale_from == "global":
+        return SCALE
+    return spec.scale if spec.scale_from == "closure" else scale
+
+
+def build(spec: Spec) -> Callable:
+    """The drawn program as a plain-PyTorch function over the spec, taking q, k, v as spec.pack says, the other
+    inputs (extra_names) positionally after them, and a keyword `scale` defaulting to spec.scale."""
+    def attention(q, k, v, extra: dict, scale: float):
+        q, k, v = prepared(spec, q, k, v, extra)
+        p = probabilities(spec, q, k, extra, _scale(spec, scale))
+        o = p.to(v.dtype) @ v
+        if spec.layout == "bshd":
+            o = o.transpose(1, 2)
+        return (o, *(t for name in spec.stats for t in _stat(name, p, spec)))
+
+    def linear(q, k, v, extra: dict, scale: float):
+        k, v = _expand_heads(k, spec), _expand_heads(v, spec)
+        if spec.feature == "ea":
+            q, k = q.softmax(dim=-1), k.softmax(dim=-2)
+        else:
+            q, k = F.normalize(q, p=1, dim=-2), F.normalize(k, p=1, dim=-2)
+        return q @ (k.transpose(-2, -1) @ v)
+
+    body = linear if spec.kind == "linear" else attention
+    names = extra_names(spec)
+
+    def positional(q, k, v, *extra, scale=spec.scale):
+        return body(q, k, v, dict(zip(names, extra)), scale)
+
+    def listed(qkv, *extra, scale=spec.scale):
+        q, k, v = qkv
+        return body(q, k, v, dict(zip(names, extra)), scale)
+
+    def keyed(qkv, *extra, scale=spec.scale):
+        return body(qkv["q"], qkv["k"], qkv["v"], dict(zip(names, extra)), scale)
+
+    return {"args": positional, "list": listed, "dict": keyed}[spec.pack]
+
+
+def invoke(spec: Spec, fn: Callable, tensors: Sequence[torch.Tensor], scale: Optional[float] = None) -> Any:
+    """fn (the program or its compiled form) called as the spec says with the scale `scale` (spec.scale if None):
+    passed as a keyword, left to the default where it is the default, or set as the module global first."""
+    global SCALE
+    scale = spec.scale if scale is None else scale
+    q, k, v, *extra = tensors
+    first = {"args": (q, k, v), "list": ([q, k, v],), "dict": ({"q": q, "k": k, "v": v},)}[spec.pack]
+    kw = {"scale": scale} if spec.scale_from == "kwarg" or spec.scale_from == "default" and scale != spec.scale \
+        else {}
+    if spec.scale_from == "global":
+        SCALE = scale
+    return fn(*first, *extra, **kw)
+
+
+def flat(spec: Spec) -> Callable:
+    """The program as a function of its tensors alone, called as the spec says (scripts/kernel_hashes.py)."""
+    fn = build(spec)
+    return lambda *tensors: invoke(spec, fn, tensors)
+
+
+def inputs(spec: Spec) -> tuple[torch.Tensor, ...]:
+    """q, k, v, then extra_names(spec), on DEVICE, from the spec's seed."""
+    g = torch.Generator().manual_seed(spec.seed)
+    shapes = [(spec.batch, h, n, spec.dim) for h, n in
+              ((spec.heads, spec.q_len), (spec.kv_heads, spec.kv_len), (spec.kv_heads, spec.kv_len))]
+    if spec.kind == "linear":   # linear attention reads tokens along the same axis for q, k and v
+        shapes[0] = (spec.batch, spec.heads, spec.kv_len, spec.dim)
+    out = []
+    for shape in shapes:
+        if spec.layout == "bshd":
+            shape = (shape[0], shape[2], shape[1], shape[3])
+        out.append(torch.randn(*shape, generator=g).to(DEVICE, torch.float32 if spec.cast_inside else spec.dtype))
+    if spec.noise:
+        u = 0.05 + 2 * torch.rand(spec.batch, spec.heads, spec.q_len, spec.kv_len, generator=g)
+        if spec.plant is not None:
+            u.view(-1)[int(torch.randint(u.numel(), (1,), generator=g))] = spec.plant
+        out.append(u.to(DEVICE))
+    if spec.apply == "input":   # Hugging Face's: (1 - m) * finfo.min, m the kept positions, left padding per sequence
+        gone = masked(spec, "cpu")
+        keep = torch.ones(spec.batch, 1, spec.q_len, spec.kv_len, dtype=torch.bool)
+        if gone is not None:
+            keep &= ~gone
+        for b, pad in enumerate(torch.randint(0, spec.pad + 1, (spec.batch,), generator=g).tolist()):
+            keep[b, ..., :pad] = False
+        out.append(((1.0 - keep.to(spec.dtype)) * torch.finfo(spec.dtype).min).to(DEVICE))
+    if spec.rope:
+        pos = torch.arange(max(spec.q_len, spec.kv_len), dtype=torch.float32)[:, None]   # _rope takes the last
+        freq = 10000.0 ** (-torch.arange(0, spec.dim, 2, dtype=torch.float32) / spec.dim)
+        angle = torch.cat((pos * freq, pos * freq), dim=-1)
+        out += [angle.cos().to(DEVICE, spec.dtype), angle.sin().to(DEVICE, spec.dtype)]
+    return tuple(out)
+
+
+@st.composite
+def calls(draw) -> dict:
+    """How the program is called: containers, keywords, a scale that changes between calls, grad."""
+    scale_from = draw(st.sampled_from(["closure", "closure", "kwarg", "default", "global"]))
+    return dict(pack=draw(st.sampled_from(["args", "args", "args", "list", "dict"])), scale_from=scale_from,
+                rescale=draw(st.sampled_from([None, 0.5, 0.125])) if scale_from != "closure" else None,
+                grad=draw(st.sampled_from([False] * 9 + [True])))
+
+
+@st.composite
+def specs(draw) -> Spec:
+    kind = draw(st.sampled_from(["softmax", "softmax", "softmax", "sigmoid", "linear"]))
+    kv_heads = draw(st.sampled_from([1, 2]))
+    heads = kv_heads * draw(st.sampled_from([1, 1, 2]))
+    kv_len = draw(st.integers(1, 80))
+    dtype = draw(st.sampled_from(DTYPES))
+    common = dict(batch=draw(st.sampled_from([1, 1, 2])), heads=heads, kv_heads=kv_heads, kv_len=kv_len,
+                  dim=draw(st.sampled_from([16, 32])), dtype=dtype,
+                  expand=draw(st.sampled_from(["repeat_interleave", "expand"])),
+                  seed=draw(st.integers(0, 2 ** 16)), config=draw(st.integers(0, len(CONFIGS) - 1)), **draw(calls()))
+    if kind == "linear":
+        common["rescale"] = None       # linear attention has no scale: a second call would rightly reuse the plan
+        return Spec(kind, q_len=kv_len, feature=draw(st.sampled_from(["ea", "sima"])), **common)
+    q_len = draw(st.one_of(st.just(kv_len), st.integers(1, kv_len), st.integers(1, 80)))
+    mask = draw(st.sampled_from(["none", "causal", "causal", "band", "prefix"]))
+    apply = draw(st.sampled_from(["masked_fill", "where", "additive", "input"]))
+    stats = draw(st.lists(st.sampled_from(ROW_STATS + COL_STATS), max_size=2, unique=True))
+    noise = draw(st.sampled_from([False, False, True]))
+    fills = ["-inf", "-inf", "finfo"] + ["-1e9"] * (dtype != torch.float16)    # fp16 rounds -1e9 to -inf
+    return Spec(
+        kind, q_len=q_len, layout=draw(st.sampled_from(["bhsd", "bshd"])),
+        scale=draw(st.sampled_from([1.0, 0.25, 1 / math.sqrt(common["dim"])])),
+        cap=draw(st.one_of(st.none(), st.sampled_from([5.0, 30.0]))),
+        slope=draw(st.one_of(st.none(), st.sampled_from([0.05, -0.5]))),
+        mask=mask, width=draw(st.integers(0, 40)), apply=apply,
+        float_probs=draw(st.booleans()), stats=tuple(stats), threshold=draw(st.sampled_from([0.5, 1.0, 2.0])),
+        cast_inside=dtype != torch.float32 and draw(st.booleans()), noise=noise,
+        plant=draw(st.sampled_from([None, None, 0.0, -1.0, math.nan, 1e-40, math.inf])) if noise else None,
+        fill=draw(st.sampled_from(fills)), mask_from=draw(st.sampled_from(["iota", "ones"])),
+        pad=draw(st.integers(0, kv_len - 1)) if apply == "input" else 0, rope=draw(st.sampled_from([False] * 5 + [True])),
+        eps=draw(st.sampled_from([1e-6, 1e-9])), **common)
