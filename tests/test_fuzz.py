@@ -212,7 +212,11 @@ def test_random_programs_match_eager():
     compiler error fails at once, with hypothesis's reproduction), and at least FUSED_FLOOR of those expected to
     fuse (fuzz_programs.expected_to_fuse: not RoPE, argmax or grad, which run eagerly today) run wholly in
     kernels, so a regression that sends programs to the eager fallback fails too (a fallback alone gives
-    eager's answer). SEEN"""
+    eager's answer). Seen under the interpreter with this grammar: in the default draw 8 of 8 expected fused
+    (4 more, RoPE, ran partly in eager); in two seeded campaigns of 150 (FLASHTENSOR_FUZZ_SEED=20, 21) 118 of
+    123 and 110 of 113 expected fused, 0 crashes or wrong answers: every miss was SimA linear attention with
+    GQA at 49-77 tokens ("a sum over a product of three loop variables that is not a contraction", the reason
+    EA and SimA give). The floor of 90% leaves room for those (one program in ten)."""
     before = Counter(TALLY)
     _campaign()
     got = TALLY - before
