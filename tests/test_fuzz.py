@@ -210,13 +210,12 @@ FUSED_FLOOR = 0.9
 def test_random_programs_match_eager():
     """The campaign: every drawn program gives eager's answer (a crash, a wrong answer or an internal
     compiler error fails at once, with hypothesis's reproduction), and at least FUSED_FLOOR of those expected to
-    fuse (fuzz_programs.expected_to_fuse: not RoPE, argmax or grad, which run eagerly today) run wholly in
+    fuse (fuzz_programs.expected_to_fuse: not argmax or grad, which run eagerly today) run wholly in
     kernels, so a regression that sends programs to the eager fallback fails too (a fallback alone gives
-    eager's answer). Seen under the interpreter with this grammar: in the default draw 8 of 8 expected fused
-    (4 more, RoPE, ran partly in eager); in two seeded campaigns of 150 (FLASHTENSOR_FUZZ_SEED=20, 21) 118 of
-    123 and 110 of 113 expected fused, 0 crashes or wrong answers: every miss was SimA linear attention with
-    GQA at 49-77 tokens ("a sum over a product of three loop variables that is not a contraction", the reason
-    EA and SimA give). The floor of 90% leaves room for those (one program in ten)."""
+    eager's answer). Seen under the interpreter with this grammar, on main after the cat and SimA merges: in
+    the default draw 12 of 12 fused; in two seeded campaigns of 100 (FLASHTENSOR_FUZZ_SEED=30, 31) 88 of 88 and
+    91 of 91 expected fused, no crash or wrong answer. (Before those merges, 150-program campaigns at seeds 20
+    and 21 fused 118 of 123 and 110 of 113: each miss SimA with GQA.) The floor of 90% leaves one in ten."""
     before = Counter(TALLY)
     _campaign()
     got = TALLY - before
@@ -342,3 +341,13 @@ def test_an_epsilon_that_fp16_rounds_away():
     fn, args = build(spec), inputs(spec)
     out = ft.compile(fn, cache=False)(*args)
     assert compare(out[1], fn(*args)[1]).ok
+
+
+@pytest.mark.xfail(strict=True, reason="RoPE (torch.cat, lowered since the ops merge) with GQA and a column "
+                                       "statistic in fp16: colsum 2.8e-3 from eager, 2.7e-3 from float64 where "
+                                       "eager is 6.7e-4; heads == kv_heads, q_len == kv_len or float32 pass")
+def test_rope_with_gqa_and_a_column_statistic():
+    """Found by the campaign once cat was lowered; the cause is not located yet (the column kernel's reading of
+    the rotated, expanded k or of the query rows' rotation offset are the suspects)."""
+    run_spec(Spec("softmax", batch=1, heads=2, kv_heads=1, q_len=30, kv_len=40, dim=32, dtype=torch.float16,
+                  mask="causal", rope=True, stats=("colsum",)))
