@@ -9,8 +9,10 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+import flashtensor as ft
 from conftest import assert_close, compiled_matches_eager
 from flashtensor.codegen.triton_helpers import _expm1, _log1p, _pow
+from flashtensor.testing import compare_with_exact
 
 INF, NAN = math.inf, math.nan
 
@@ -130,3 +132,22 @@ def test_nan_to_num_replaces_what_eager_replaces():
     assert_close(out, fn(x))
     (program,) = compiled.programs.values()
     assert program.launches and not program.notes, program.notes
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_precision_arange_rounds_once(dtype):
+    """kvpress divides its GQA scores by `arange(k_len, 0, -1, dtype=half)`: eager computes start + step * i in
+    float32 and rounds once, so the last count is 1. Rounding the index first (2199 is 2200 in fp16) made it 0,
+    and the last key's score inf (the held h2o_kv_heads program at S=4096 on the H200)."""
+    def per_count(x):
+        n = torch.arange(x.shape[-1], 0, -1, device=x.device, dtype=x.dtype)
+        return x / n
+
+    x = (torch.rand(3, 2200, generator=torch.Generator().manual_seed(int(torch.randint(1 << 30, ())))) + 0.5).to(dtype)
+    if dtype == torch.float16:
+        out, _ = compiled_matches_eager(per_count, (x,))
+    else:   # eager's bf16 arange rounds some counts otherwise than once; held to float64 as the contract says
+        out = ft.compile(per_count, cache=False)(x)
+        m = compare_with_exact(out, per_count(x), per_count(x.double()))
+        assert m.ok, m.problem
+    assert not out.isinf().any()

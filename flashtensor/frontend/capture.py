@@ -416,12 +416,15 @@ def _arange(b, a, kw, shape, dtype, src):
     nums = list(a) + [kw[k] for k in ("start", "end", "step") if k in kw]
     start, step = (0, 1) if len(nums) == 1 else (nums[0], nums[2] if len(nums) > 2 else 1)
     dev = kw.get("device") or torch.device("cpu")
-    r = b.add("iota", (), shape, dtype, src, dim=0, device=dev)
+    # eager computes start + step * i in float32 for half types and rounds once: fp16's arange(2200, 0, -1) ends
+    # at 1, where rounding the index first (2199 is 2200 in fp16) would end at 0
+    wide = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    r = b.add("iota", (), shape, wide, src, dim=0, device=dev)
     if step != 1:
-        r = b.add("mul", (r, step), shape, dtype, src)
+        r = b.add("mul", (r, step), shape, wide, src)
     if start != 0:
-        r = b.add("add", (r, start), shape, dtype, src)
-    return r
+        r = b.add("add", (r, start), shape, wide, src)
+    return r if wide == dtype else b.add("cast", (r,), shape, dtype, src)
 
 
 def _fill(b, a, kw, s, d, src):
