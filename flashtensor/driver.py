@@ -13,12 +13,13 @@ function.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 
@@ -197,15 +198,7 @@ def _run(stages: list[tuple[str, Callable[[Plan, Call], Any]]], plan: Plan, call
 def build(fn: Callable, args: list[Any], options: Options = Options(), warned: Optional[set[str]] = None) -> Program:
     """Capture `fn` on `args` and plan it. Non-tensor arguments are baked in as constants. Each note is warned
     once per `warned` (the compiled callable's set of notes warned so far)."""
-    positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-
-    @functools.wraps(fn)      # notes and errors name the user's function
-    def tensor_fn(*tensors: torch.Tensor) -> Any:
-        full = list(args)
-        for i, t in zip(positions, tensors):
-            full[i] = t
-        return fn(*full)
-
+    tensor_fn, positions = _of_tensors(fn, args)
     example = [args[i] for i in positions]
     call = Call(tensor_fn, example, _device(example), options)
     plan = Plan()
@@ -246,6 +239,42 @@ def _priced(plan: Plan, entry: dict, program: Callable[[], Program], fn: Callabl
         return entry
     return {"eager": True, "notes": [f"the fused kernels took {fused_ms:.3f} ms and eager PyTorch {eager_ms:.3f} ms "
                                      "on this device; the program runs in eager PyTorch"]}
+
+
+def candidate_plans(fn: Callable, args: list[Any], options: Options = Options()) -> Iterator[tuple[int, Plan]]:
+    """Each partition candidate's plan for fn(*args), searched up to its kernel specs and not tuned, on the
+    arguments' device (meta tensors work: nothing runs). For tools that read the generated kernels without running
+    them (scripts/kernel_hashes.py, scripts/compile_sm90.py); none when nothing fuses."""
+    tensor_fn, positions = _of_tensors(fn, args)
+    example = [args[i] for i in positions]
+    k, count = 0, 1
+    while k < count:
+        call = Call(tensor_fn, example, torch.device("cpu"), dataclasses.replace(options, candidate=k))
+        plan = Plan()
+        _run(FRONT, plan, call)
+        if not plan.stages["fusable"].outputs:
+            return
+        try:
+            _run(SEARCH[:-1], plan, call)      # every stage but tune
+        except (LoweringError, PartitionError, ScheduleError):
+            return
+        count = len(plan.stages["partition"])
+        yield k, plan
+        k += 1
+
+
+def _of_tensors(fn: Callable, args: list[Any]) -> tuple[Callable, list[int]]:
+    """fn as a function of its tensor arguments alone (the others baked in, as `args` has them), and where those
+    stand in `args`."""
+    positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+
+    @functools.wraps(fn)      # notes and errors name the user's function
+    def tensor_fn(*tensors: torch.Tensor) -> Any:
+        full = list(args)
+        for i, t in zip(positions, tensors):
+            full[i] = t
+        return fn(*full)
+    return tensor_fn, positions
 
 
 def _warn(notes: Iterable[str], warned: set[str]) -> None:

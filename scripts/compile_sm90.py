@@ -28,8 +28,7 @@ sys.path[:0] = [str(ROOT)]
 from flashtensor import driver  # noqa: E402
 from flashtensor.bench import programs  # noqa: E402
 from flashtensor.codegen.kernel import emit_kernel  # noqa: E402
-from flashtensor.options import Options  # noqa: E402
-from flashtensor.runtime.plan import Plan  # noqa: E402
+from flashtensor.options import CONFIGS  # noqa: E402
 
 _TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64",
           torch.int32: "i32", torch.int64: "i64", torch.bool: "i1", torch.int8: "i8", torch.uint8: "u8"}
@@ -104,37 +103,18 @@ def _compile(src: Any, where: Path) -> list[str]:
 
 
 def check(name: str, dtype: torch.dtype, configs: int, where: Path) -> list[str]:
+    """The failures of held program `name`'s kernels at the GPU shapes, every candidate, the first `configs`."""
     fn, args = programs.make(name, device="cpu", dtype=dtype, **programs.GPU)
-    args = [_meta(a) for a in args]
-    positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-
-    def tensor_fn(*tensors: torch.Tensor) -> Any:
-        full = list(args)
-        for i, t in zip(positions, tensors):
-            full[i] = t
-        return fn(*full)
-
-    failures, k, count = [], 0, 1
-    while k < count:
-        call = driver.Call(tensor_fn, [args[i] for i in positions], torch.device("cpu"), Options(candidate=k))
-        plan = Plan()
-        try:
-            driver._run(driver.FRONT, plan, call)
-            if not plan.stages["fusable"].outputs:
-                return failures
-            driver._run(driver.SEARCH[:-1], plan, call)      # every stage but tune
-        except (driver.LoweringError, driver.PartitionError, driver.ScheduleError):
-            return failures
-        count = len(plan.stages["partition"])
+    failures = []
+    for k, plan in driver.candidate_plans(fn, [_meta(a) for a in args]):
         for specs in plan.stages["emit"].values():
             for spec in specs:
-                for cfg in call.options.configs[:configs]:
+                for cfg in CONFIGS[:configs]:
                     try:
                         errors = _compile(emit_kernel(spec, cfg), where)
                     except Exception:  # noqa: BLE001
                         errors = ["emit: " + traceback.format_exc().strip().splitlines()[-1]]
                     failures += [f"{name} cand{k} {spec.name} {cfg}: {e}" for e in errors]
-        k += 1
     return failures
 
 

@@ -28,8 +28,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from flashtensor import driver, workloads  # noqa: E402
 from flashtensor.codegen.kernel import emit_kernel  # noqa: E402
-from flashtensor.options import Options  # noqa: E402
-from flashtensor.runtime.plan import Plan  # noqa: E402
+from flashtensor.options import CONFIGS  # noqa: E402
 
 
 def _norm(text: str) -> str:
@@ -47,31 +46,11 @@ def _record(spec: Any, cfg: Any) -> dict:
 
 def kernels(name: str, fn: Callable, args: list, out: dict) -> None:
     """Every kernel of every candidate partition of fn(*args), at every tile configuration, into `out`."""
-    positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-
-    def tensor_fn(*tensors: torch.Tensor) -> Any:
-        full = list(args)
-        for i, t in zip(positions, tensors):
-            full[i] = t
-        return fn(*full)
-
-    k, count = 0, 1
-    while k < count:
-        call = driver.Call(tensor_fn, [args[i] for i in positions], torch.device("cpu"), Options(candidate=k))
-        plan = Plan()
-        driver._run(driver.FRONT, plan, call)
-        if not plan.stages["fusable"].outputs:
-            return
-        try:
-            driver._run(driver.SEARCH[:-1], plan, call)      # every stage but tune
-        except (driver.LoweringError, driver.PartitionError, driver.ScheduleError):
-            return
-        count = len(plan.stages["partition"])
+    for k, plan in driver.candidate_plans(fn, args):
         for specs in plan.stages["emit"].values():
             for spec in specs:
-                for c, cfg in enumerate(call.options.configs):
+                for c, cfg in enumerate(CONFIGS):
                     out[f"{name}/cand{k}/{spec.name}/cfg{c}"] = _record(spec, cfg)
-        k += 1
 
 
 def _paper(name: str) -> tuple[Callable, list]:
