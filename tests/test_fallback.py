@@ -196,7 +196,7 @@ def test_schedule_rejects_a_matmul_split_one_element_per_program():
     """A schedule whose grid splits both free variables of a contraction computes each element of the product
     from one row of each operand, with no tile to reuse them in and no tl.dot: never better than eager, so it
     is rejected with a cause the note names. (Cosine similarity's norms once put every variable in the grid
-    that way; schedule._contraction now keeps such sums out of the batch, so the grid is forced here.)"""
+    that way; schedule.contraction now keeps such sums out of the batch, so the grid is forced here.)"""
     from flashtensor.analysis.roles import kernel_nodes, roles
     from flashtensor.frontend.capture import capture
     from flashtensor.partition.plan import KernelPlan

@@ -15,10 +15,10 @@ import torch
 from ..analysis import precision
 from ..ir.loops import Affine, LNode, Var
 from ..options import TileConfig
-from ..schedule.schedule import ScheduleError
+from ..schedule.schedule import Schedule, ScheduleError, contraction, factorize
 from .artifact import Buffer
 from .body import Body
-from .lower import contig, pow2, round_to
+from .lower import HALF, contig, pow2, round_to
 from .spec import KernelSpec
 
 
@@ -30,6 +30,7 @@ class Tiles(abc.ABC):
         self.nan_free = spec.nan_free   # max/min reductions that may use the fast, NaN-skipping max
         self.inputs = spec.inputs       # program input (shape, dtype) list
         self.faithful = spec.faithful
+        self.undotted = _undotted_operands(s)
         self.blk: dict[Var, int] = {}
         if s.row is not None:
             self.blk[s.row] = min(cfg.block_row, pow2(s.row.extent))
@@ -143,7 +144,7 @@ class Tiles(abc.ABC):
 
     def rounds(self, n: LNode) -> bool:
         """Whether `rounded` rounds n (else n's float32 value stands for it, no instruction)."""
-        return precision.rounds(n, self.faithful)
+        return precision.rounds(n, self.faithful) or id(n) in self.undotted
 
     @abc.abstractmethod
     def arg(self, a: Any, tv: list[Var], ctx: Optional[Body]) -> str:
@@ -156,3 +157,15 @@ class Tiles(abc.ABC):
     @abc.abstractmethod
     def compute(self, n: LNode, ctx: Optional[Body], lines: list[str]) -> tuple[str, list[Var]]:
         """Emit node n's code into `lines`."""
+
+
+
+def _undotted_operands(s: Schedule) -> set[int]:
+    """The half operands of this kernel's contractions that are not tl.dot (a single query row's scores summed
+    in the tile): rounded as a dot's operands are, so that every kernel of a plan sees the same scores. RoPE's
+    rotated q and k, rounded in the column kernel's dot and not in the row kernel's sums, gave a row max that
+    missed the column kernel's scores, and GQA column sums 2.5e-3 off eager."""
+    return {id(f) for n in s.nodes if n.op == "reduce" and n.attrs["kind"] == "sum" and n not in s.dots
+            and contraction(n, s.boundary)
+            for f, _ in factorize(n.args[0], atoms=s.boundary)
+            if isinstance(f, LNode) and f.dtype in HALF and f.op != "load"}

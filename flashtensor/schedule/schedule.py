@@ -156,7 +156,7 @@ def build_schedule(plan: KernelPlan, loop_choice: Optional[Var] = None) -> Sched
     # batch variables: shared by both operands of a contraction and not contracted
     dot_batch: set[Var] = set()
     for n in compute:
-        if n.op == "reduce" and n.attrs["kind"] == "sum" and _contraction(n, boundary):
+        if n.op == "reduce" and n.attrs["kind"] == "sum" and contraction(n, boundary):
             fs = [set(f.vars) for f, _ in factorize(n.args[0], atoms=boundary) if isinstance(f, LNode)]
             dot_batch |= set.intersection(*fs) - {n.attrs["var"]}
     free = [v for v in role.parallel if v not in dot_batch]
@@ -245,7 +245,7 @@ def _finish(plan, nodes, compute, boundary, batch, row, loop, whole, role, stepp
     return sched
 
 
-def _contraction(n: LNode, atoms: frozenset) -> bool:
+def contraction(n: LNode, atoms: frozenset) -> bool:
     """Whether the sum `n` multiplies two factors that each have a variable the other lacks (a matmul, whose
     shared free variables are batch). A product whose factors nest, such as p * log(p) summed over a row or
     q * q for a norm, is elementwise along every variable: treating its shared variables as batch put the
