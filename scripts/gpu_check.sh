@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The trust checks on a GPU machine, one part per call of at most 10 minutes:
+#
+#     bash scripts/gpu_check.sh fuzz     # 312 fp16 and 312 bf16 random programs as compiled kernels
+#     bash scripts/gpu_check.sh held     # every held program, fp16 and bf16, checked and timed against eager
+#     bash scripts/gpu_check.sh ab DIR   # the reference workloads, DIR's compiler (a `git archive REV
+#                                        # flashtensor` copy) against this tree's, timed side by side
+#
+# Each part runs its compile-heavy work in parallel processes first (Triton's compiler is the slow part), then
+# times one thing at a time. Output under $OUT where it is set (the device tool's), else ./out.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+OUT=${OUT:-out}; mkdir -p "$OUT"
+W="attn h2o roco keyformer snapkv corm gemma2"
+case "${1:-}" in
+fuzz)
+    python scripts/fuzz_campaign.py -p 6 -n 52 --dtypes fp16 --seed 100 > "$OUT/fuzz_fp16.log" 2>&1 &
+    python scripts/fuzz_campaign.py -p 6 -n 52 --dtypes bf16 --seed 200 > "$OUT/fuzz_bf16.log" 2>&1 &
+    wait
+    tail -n 3 "$OUT/fuzz_fp16.log" "$OUT/fuzz_bf16.log" ;;
+held)
+    JOBS=12 REUSE=1 bash scripts/held_gpu.sh --dtypes fp16,bf16 --rep 15 --rounds 1 --json "$OUT/held.json" ;;
+ab)
+    base=${2:?the base tree: a directory holding a flashtensor package}
+    for w in $W; do python -m flashtensor.bench.ab "$w" --trees "base=$base,new=." --check-only > /dev/null 2>&1 & done
+    wait
+    python -m flashtensor.bench.ab $W --trees "base=$base,new=." --rep 30 | tee "$OUT/ab.txt" ;;
+*)
+    echo "usage: bash scripts/gpu_check.sh fuzz | held | ab BASE_TREE" >&2; exit 2 ;;
+esac
