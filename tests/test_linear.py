@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import LINEAR, compiled_matches_eager, rel_err
+import flashtensor as ft
+from conftest import LINEAR, assert_close, compiled_matches_eager, each_partition, rel_err
 from flashtensor import workloads
 from flashtensor.frontend.capture import capture
 from flashtensor.ir.loops import evaluate_loops
@@ -119,3 +120,34 @@ def test_a_contraction_over_two_variables_sums_the_longer_inside():
     assert top.args[0].args[0].op == "mul"
     for a, b in zip(evaluate_loops(loops, ins), evaluate_loops(out, ins)):
         assert rel_err(b, a) <= 1e-6
+
+
+def elu_linear_attention(queries, keys, values):
+    """fast-transformers' LinearAttention (the held program linear_elu): the elu + 1 feature map, the context
+    and the normaliser by einsum over (N, L, H, D) inputs."""
+    Q, K = F.elu(queries) + 1, F.elu(keys) + 1
+    KV = torch.einsum("nshd,nshm->nhmd", K, values)
+    Z = 1 / (torch.einsum("nlhd,nhd->nlh", Q, K.sum(dim=1)) + 1e-6)
+    return torch.einsum("nlhd,nhmd,nlh->nlhm", Q, KV, Z)
+
+
+def test_a_context_that_no_query_varies_gets_a_kernel_of_its_own():
+    """The greedy partition computes the d x d context k^T v and k's token sum inside the output kernel, which
+    the grid splits over query tiles: every tile sums all L tokens again (0.19x eager on the H200 at L=4096).
+    The fifth candidate cuts long reductions that do not vary along the kernel's longest parallel variable:
+    a kernel of the (N, H, D, M) context and (N, H, D) sums, then the output reading them. Each candidate
+    matches eager; the GPU's tuner picks between them."""
+    g = torch.Generator().manual_seed(int(torch.randint(1 << 30, ())))
+    args = tuple(torch.randn(1, 300, 2, 16, generator=g) for _ in range(3))
+    seen = []
+
+    def run(k):
+        c = ft.compile(elu_linear_attention, cache=False, candidate=k)
+        assert_close(c(*args), elu_linear_attention(*args))
+        (program,) = c.programs.values()
+        assert not program.notes, program.notes
+        seen.append(intermediates(program))
+        return program.plan
+
+    assert each_partition(run) >= 2
+    assert [(2, 16, 16), (2, 16)] in [sorted(s, key=len, reverse=True) for s in seen], seen

@@ -30,11 +30,20 @@ class KernelPlan:
         return {v for r in self.roots for v in r.vars}
 
 
+# a reduction longer than this whose value lacks the kernel's longest parallel variable is worth a kernel of its own
+# in the fifth candidate (the grid splits that variable, so every program would compute it again)
+LONG = 256
+
+
 def _cuts(roots: list[LNode], parallel: set[Var], produced: set[LNode],
-          whole: int = 0, nested: bool = False) -> tuple[list[LNode], set[LNode]]:
+          whole: int = 0, nested: bool = False, invariant: bool = False) -> tuple[list[LNode], set[LNode]]:
     """Reductions over a parallel variable reachable from `roots` (stopping at `produced`), except those
     over a variable of extent at most `whole`, which a program can hold whole in its tile; with `nested`,
-    also a sum that another sum reads directly (per-head column sums under a sum over a head group)."""
+    also a sum that another sum reads directly (per-head column sums under a sum over a head group); with
+    `invariant`, also a long reduction whose value does not vary along the longest parallel variable (linear
+    attention's d x d context k^T v under an output over queries, which each query tile would recompute)."""
+    longest = max(parallel, key=lambda v: (v.extent, -v.id), default=None)
+    row = longest if invariant and longest is not None and longest.extent > LONG else None
     cuts: list[LNode] = []
     seen: set[int] = set()
     stack = list(roots)
@@ -49,7 +58,8 @@ def _cuts(roots: list[LNode], parallel: set[Var], produced: set[LNode],
                 loads.add(a)
             elif a.op == "reduce" and a not in roots and (
                     (a.attrs["var"] in parallel and a.attrs["var"].extent > whole) or
-                    (nested and n.op == a.op == "reduce" and n.attrs["kind"] == a.attrs["kind"] == "sum")):
+                    (nested and n.op == a.op == "reduce" and n.attrs["kind"] == a.attrs["kind"] == "sum") or
+                    (row is not None and row not in a.vars and a.attrs["var"].extent > LONG)):
                 cuts.append(a)
                 loads.add(a)
             else:
@@ -64,13 +74,16 @@ def partitions(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]], whol
     kernel of their own, which recomputes the shared scores but carries less per program. The third
     keeps reductions over parallel variables of extent at most `whole` inside the kernel (a softmax
     over short rows returned whole: one pass instead of statistics, then the elementwise pass). The fourth
-    cuts a sum that another sum reads (GQA's column sums per head, then the sum over the head group)."""
+    cuts a sum that another sum reads (GQA's column sums per head, then the sum over the head group). The fifth
+    cuts long reductions that do not vary along a kernel's longest parallel variable (`_cuts`' invariant)."""
     out: list[list[KernelPlan]] = []
-    for related_only, short, nested in ((False, 0, False), (True, 0, False), (False, whole, False), (False, 0, True)):
+    for related_only, short, nested, invariant in ((False, 0, False, False), (True, 0, False, False),
+                                                   (False, whole, False, False), (False, 0, True, False),
+                                                   (False, 0, False, True)):
         try:
-            plans = partition(g, accept, related_only, short, nested)
+            plans = partition(g, accept, related_only, short, nested, invariant)
         except PartitionError:
-            if short or nested:
+            if short or nested or invariant:
                 continue
             raise
         if all(_grouping(plans) != _grouping(o) for o in out):
@@ -82,8 +95,8 @@ def _grouping(plans: list[KernelPlan]) -> set[frozenset[int]]:
     return {frozenset(id(r) for r in p.roots) for p in plans}
 
 
-def partition(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]],
-              related_only: bool = False, whole: int = 0, nested: bool = False) -> list[KernelPlan]:
+def partition(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]], related_only: bool = False,
+              whole: int = 0, nested: bool = False, invariant: bool = False) -> list[KernelPlan]:
     """Cover the outputs with kernels. `accept(plan)` returns None if a kernel can be scheduled,
     else the reason; merges are only kept when accepted (and, with `related_only`, only between values
     one of which reads the other); reductions over parallel variables of extent at most `whole` stay
@@ -96,7 +109,7 @@ def partition(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]],
         if r in produced:
             continue
         produced.add(r)
-        cuts, _ = _cuts([r], set(r.vars), set(), whole, nested)
+        cuts, _ = _cuts([r], set(r.vars), set(), whole, nested, invariant)
         groups.append([r])
         work.extend(c for c in cuts if c not in produced)
     # group roots with nested parallel variables, largest first
@@ -108,7 +121,7 @@ def partition(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]],
             related = not related_only or any(id(gr[0]) in upstream[id(r)] or id(r) in upstream[id(gr[0])] for r in k)
             if set(gr[0].vars) <= {v for r in k for v in r.vars} and related:
                 trial = KernelPlan(k + gr)
-                cuts, trial.loads = _cuts(trial.roots, trial.parallel, produced, whole, nested)
+                cuts, trial.loads = _cuts(trial.roots, trial.parallel, produced, whole, nested, invariant)
                 # a merge that makes a value a cut which no kernel produces (a sum over a head group whose
                 # variable the merged kernel carries) is not a kernel
                 if set(cuts) <= produced and accept(trial) is None:
@@ -118,12 +131,12 @@ def partition(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]],
             kernels.append(list(gr))
     plans = [KernelPlan(k) for k in kernels]
     for p in plans:
-        p.loads = _cuts(p.roots, p.parallel, produced, whole, nested)[1]
+        p.loads = _cuts(p.roots, p.parallel, produced, whole, nested, invariant)[1]
     if _order(plans) is None:
         # reading what another kernel stores instead of recomputing it closed a cycle (a value stored by
         # one kernel that needs another's statistics): recompute such values, load only the true cuts
         for p in plans:
-            p.loads = _cuts(p.roots, p.parallel, set(), whole, nested)[1]
+            p.loads = _cuts(p.roots, p.parallel, set(), whole, nested, invariant)[1]
     ordered = _order(plans)
     if ordered is None:
         raise PartitionError("kernels would depend on each other in a cycle")
