@@ -210,11 +210,11 @@ class Emitter(Tiles):
             expr = self.bcast(raw, have, canon) if raw and len(have) == 2 else None
         else:
             expr = None
-        literal = None
+        shape = ", ".join(str(self.blk[v]) for v in canon)
         if expr is None:
             expr = self.product(factors, canon, ctx, lines)
-            if _literal(expr):      # a constant the region's facts give (0 in a folded tile): no `.to` on a float
-                literal = expr
+            if _literal(expr):      # a constant the region's facts give (0 in a folded tile): a tile, which `.to` needs
+                expr = f"tl.full(({shape}), {expr}, tl.float32)"
             if mask_loop or (self.blk[k] != k.extent and k is not self.s.loop):
                 expr = f"tl.where({self.idx(k, canon)} < {k.extent}, {expr}, 0.0)"
             if prec:
@@ -222,11 +222,7 @@ class Emitter(Tiles):
             elif any(isinstance(f, LNode) and f.dtype == torch.bfloat16 for f, _ in a + b):
                 expr = round_to(torch.bfloat16, expr)   # interpreter: bf16 operands, rounded as on the GPU
         var = self.fresh("op")
-        shape = ", ".join(str(self.blk[v]) for v in canon)
-        if literal is not None:
-            lines.append(f"{var} = tl.full(({shape}), {literal}, {TL[prec] if prec else 'tl.float32'})")
-        else:
-            lines.append(f"{var} = tl.broadcast_to({expr}, ({shape}))")
+        lines.append(f"{var} = tl.broadcast_to({expr}, ({shape}))")
         return var if canon == want else f"tl.trans({var})"
 
     def extreme(self, n: LNode, kind: str, e: str, axis: int) -> str:

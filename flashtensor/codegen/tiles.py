@@ -159,7 +159,6 @@ class Tiles(abc.ABC):
         """Emit node n's code into `lines`."""
 
 
-
 def _undotted_operands(s: Schedule) -> set[int]:
     """The half operands of this kernel's contractions that are not tl.dot (a single query row's scores summed
     in the tile): rounded as a dot's operands are, so that every kernel of a plan sees the same scores. RoPE's
