@@ -30,20 +30,16 @@ class KernelPlan:
         return {v for r in self.roots for v in r.vars}
 
 
-# a reduction longer than this whose value lacks the kernel's longest parallel variable is worth a kernel of its own
-# in the fifth candidate (the grid splits that variable, so every program would compute it again)
-LONG = 256
-
-
 def _cuts(roots: list[LNode], parallel: set[Var], produced: set[LNode],
-          whole: int = 0, nested: bool = False, invariant: bool = False) -> tuple[list[LNode], set[LNode]]:
+          whole: int = 0, nested: bool = False, invariant: int = 0) -> tuple[list[LNode], set[LNode]]:
     """Reductions over a parallel variable reachable from `roots` (stopping at `produced`), except those
     over a variable of extent at most `whole`, which a program can hold whole in its tile; with `nested`,
     also a sum that another sum reads directly (per-head column sums under a sum over a head group); with
-    `invariant`, also a long reduction whose value does not vary along the longest parallel variable (linear
+    `invariant` > 0, also a reduction longer than that whose value does not vary along the longest parallel
+    variable, itself longer: the grid splits it, so each program would compute the value again (linear
     attention's d x d context k^T v under an output over queries, which each query tile would recompute)."""
     longest = max(parallel, key=lambda v: (v.extent, -v.id), default=None)
-    row = longest if invariant and longest is not None and longest.extent > LONG else None
+    row = longest if invariant and longest is not None and longest.extent > invariant else None
     cuts: list[LNode] = []
     seen: set[int] = set()
     stack = list(roots)
@@ -59,7 +55,7 @@ def _cuts(roots: list[LNode], parallel: set[Var], produced: set[LNode],
             elif a.op == "reduce" and a not in roots and (
                     (a.attrs["var"] in parallel and a.attrs["var"].extent > whole) or
                     (nested and n.op == a.op == "reduce" and n.attrs["kind"] == a.attrs["kind"] == "sum") or
-                    (row is not None and row not in a.vars and a.attrs["var"].extent > LONG)):
+                    (row is not None and row not in a.vars and a.attrs["var"].extent > invariant)):
                 cuts.append(a)
                 loads.add(a)
             else:
@@ -77,9 +73,8 @@ def partitions(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]], whol
     cuts a sum that another sum reads (GQA's column sums per head, then the sum over the head group). The fifth
     cuts long reductions that do not vary along a kernel's longest parallel variable (`_cuts`' invariant)."""
     out: list[list[KernelPlan]] = []
-    for related_only, short, nested, invariant in ((False, 0, False, False), (True, 0, False, False),
-                                                   (False, whole, False, False), (False, 0, True, False),
-                                                   (False, 0, False, True)):
+    for related_only, short, nested, invariant in ((False, 0, False, 0), (True, 0, False, 0), (False, whole, False, 0),
+                                                   (False, 0, True, 0), (False, 0, False, whole)):
         try:
             plans = partition(g, accept, related_only, short, nested, invariant)
         except PartitionError:
@@ -96,7 +91,7 @@ def _grouping(plans: list[KernelPlan]) -> set[frozenset[int]]:
 
 
 def partition(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]], related_only: bool = False,
-              whole: int = 0, nested: bool = False, invariant: bool = False) -> list[KernelPlan]:
+              whole: int = 0, nested: bool = False, invariant: int = 0) -> list[KernelPlan]:
     """Cover the outputs with kernels. `accept(plan)` returns None if a kernel can be scheduled,
     else the reason; merges are only kept when accepted (and, with `related_only`, only between values
     one of which reads the other); reductions over parallel variables of extent at most `whole` stay
