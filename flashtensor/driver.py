@@ -31,6 +31,7 @@ from .codegen.checkplan import plan_checks
 from .codegen.normalisers import folded_normalisers
 from .codegen.spec import KernelSpec
 from .frontend.capture import capture, fallback_notes
+from .ir import sizes
 from .ir.graph import Graph
 from .ir.loops import LNode, LoopGraph, LOutput
 from .ir.reasons import reason
@@ -63,12 +64,17 @@ class Call:
     example: list[torch.Tensor]
     device: torch.device
     options: Options
+    dynamic: frozenset[tuple[int, int]] = frozenset()    # (input, dimension) pairs traced as symbolic sizes
+
+    def sizes(self, g: Graph) -> dict[str, int]:
+        """The values of g's size symbols in this call."""
+        return {name: self.example[i].shape[d] for name, (i, d) in g.size_sources.items()}
 
 
 # ---- the stages ----------------------------------------------------------------------------------------------
 
 def _capture(plan: Plan, call: Call) -> Graph:
-    return capture(call.fn, call.example)   # on fake tensors: planning never runs the program itself
+    return capture(call.fn, call.example, call.dynamic)   # on fake tensors: planning never runs the program
 
 
 def _decompose(plan: Plan, call: Call) -> Graph:
@@ -145,7 +151,7 @@ def _emit(plan: Plan, call: Call) -> dict[int, list[KernelSpec]]:
         folded = folded_normalisers(schedules)
         out[c] = [KernelSpec(s, f"ft_kernel{k}", loops.inputs, {r: owner[r] for r in s.plan.roots if r in owner},
                              prec.faithful, plan.stages["facts"], loaded, checks[k], folded, knobs.interpret(),
-                             call.options.group_programs, call.options.fixup_programs)
+                             call.options.group_programs, call.options.fixup_programs, call.sizes(plan.captured))
                   for k, s in enumerate(schedules)]
     return out
 
@@ -153,7 +159,8 @@ def _emit(plan: Plan, call: Call) -> dict[int, list[KernelSpec]]:
 def _tune(plan: Plan, call: Call) -> tuple[int, list[Launch]]:
     """Emit and tune each candidate's kernels in plan order, running each so the next sees its results, and
     keep the candidate whose kernels take least time in all."""
-    bufs = input_buffers(list(call.example) + [c.to(call.device) for c in plan.stages["constants"]])
+    bufs = input_buffers(list(call.example) + [c.to(call.device) for c in plan.stages["constants"]],
+                         call.sizes(plan.captured))
     specs = plan.stages["emit"]
     start = time.perf_counter()
     offered = len(specs)
@@ -195,12 +202,16 @@ def _run(stages: list[tuple[str, Callable[[Plan, Call], Any]]], plan: Plan, call
 
 # ---- the driver ----------------------------------------------------------------------------------------------
 
-def build(fn: Callable, args: list[Any], options: Options = Options(), warned: Optional[set[str]] = None) -> Program:
+def build(fn: Callable, args: list[Any], options: Options = Options(), warned: Optional[set[str]] = None,
+          dynamic: frozenset[tuple[int, int]] = frozenset()) -> Program:
     """Capture `fn` on `args` and plan it. Non-tensor arguments are baked in as constants. Each note is warned
-    once per `warned` (the compiled callable's set of notes warned so far)."""
+    once per `warned` (the compiled callable's set of notes warned so far). The (argument, dimension) pairs in
+    `dynamic` are symbolic: the plan serves every size its guards admit (`Program.fits`)."""
     tensor_fn, positions = _of_tensors(fn, args)
     example = [args[i] for i in positions]
-    call = Call(tensor_fn, example, _device(example), options)
+    where = {p: k for k, p in enumerate(positions)}
+    call = Call(tensor_fn, example, _device(example), options,
+                frozenset((where[i], d) for i, d in dynamic if i in where))
     plan = Plan()
     _run(FRONT, plan, call)
     notes = fallback_notes(plan.captured)
@@ -301,7 +312,8 @@ def _device(example: Sequence[torch.Tensor]) -> torch.device:
 def _plan(plan: Plan, call: Call, args: list[Any], use_cache: bool, price: Callable[[dict], dict]) -> None:
     """The plan's entry: from the plan cache when it has it, else by searching (priced against eager on a GPU),
     then cached."""
-    key = plan_cache.key(plan.decomposed, args, call.options.key()) if use_cache else None
+    bucket = tuple(sorted((n, sizes.pow2_bucket(v)) for n, v in call.sizes(plan.captured).items()))
+    key = plan_cache.key(plan.decomposed, args, call.options.key(), bucket) if use_cache else None
     entry = plan_cache.load(key) if key else None
     plan.cached = entry is not None
     if entry is None:
@@ -329,7 +341,9 @@ def _search(plan: Plan, call: Call) -> tuple[dict, bool]:
     chosen, launches = plan.stages["tune"]
     kernels = with_plain_keys([la.source for la in launches], _buffer_keys(loops))
     summary = {"loop form": str(loops), "properties": [describe(s) for s in plan.stages["schedule"][chosen]]}
+    g = plan.captured
     return {"eager": False, "kernels": [encode_kernel(k) for k in kernels],
+            "sizes": dict(g.size_sources), "guards": sizes.guards(g.shape_env) if g.shape_env else "True",
             "consts": [c.cpu() for c in plan.stages["constants"]],
             "results": [(n.name, ("out", i)) for i, n in enumerate(fused.outputs)], "notes": [],
             "summary": summary}, True

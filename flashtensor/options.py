@@ -38,6 +38,10 @@ class Options:
     # on a GPU, time the plan against the function itself and run whichever is faster (False: the kernels, as
     # tests of the kernels want)
     eager_if_faster: bool = True
+    # shape-generic plans (kernels that take sizes as arguments): None, after a second shape of the same
+    # program, in the dimensions that changed; True, from the first call, in every dimension but each input's
+    # last; False, never
+    dynamic: Optional[bool] = None
 
     @classmethod
     def make(cls, **fields: Any) -> "Options":
@@ -53,4 +57,4 @@ class Options:
 
     def key(self) -> str:
         """What of these options changes a plan (the cache's part of the key)."""
-        return repr(dataclasses.replace(self, cache=True, compile_remainder=None))
+        return repr(dataclasses.replace(self, cache=True, compile_remainder=None, dynamic=None))

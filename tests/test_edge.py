@@ -463,7 +463,8 @@ def test_dtype_and_shape_changes_between_calls_replan():
         out = c(*args)
         assert all(o.dtype == r.dtype for o, r in zip(out, workloads.h2o(*args)))
         assert_close(out, workloads.h2o(*args))
-    assert len(c.programs) == 3
+    assert c.cache_info()["plans"] == 3      # the new shape of fp16 is the second of its structure: generic
+    assert c.cache_info()["generic"] == 1
 
 
 def test_in_place_write_to_an_intermediate_is_seen_by_later_reads():

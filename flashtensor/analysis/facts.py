@@ -138,7 +138,7 @@ class Facts:
     def _aff(self, a) -> Optional[Affine]:
         if isinstance(a, LNode):
             return self.affine.get(a)
-        if isinstance(a, int) and not isinstance(a, bool):
+        if isinstance(a, (int, torch.SymInt)) and not isinstance(a, bool):    # a symbolic size too (a diagonal)
             return Affine((), a)
         return None
 

@@ -25,6 +25,7 @@ from typing import Callable
 import torch
 
 from ..ir.loops import Affine, LNode, LoopGraph
+from ..ir.sizes import Size, symbolic
 from .facts import nonnegative
 
 FP16_MAX = torch.finfo(torch.float16).max
@@ -67,10 +68,17 @@ def _product(a: Mag, b: Mag) -> Mag:
 
 
 def _affine_range(e: Affine) -> tuple[float, float]:
+    """The range of e over its variables (unbounded where a size is symbolic: any length may come)."""
+    if symbolic(e.const) or any(symbolic(v.extent) or symbolic(c) for v, c in e.terms):
+        return -math.inf, math.inf
     lo = hi = float(e.const)
     for v, c in e.terms:
         lo, hi = lo + min(0, c * (v.extent - 1)), hi + max(0, c * (v.extent - 1))
     return lo, hi
+
+
+def _upper(extent: Size) -> float:
+    return math.inf if symbolic(extent) else float(extent)
 
 
 def _times(a: float, b: float) -> float:
@@ -128,7 +136,7 @@ class Ranges:
         if op in ("cast", "reduce") and n.attrs.get("kind") in (None, "max", "min"):
             return self.low(a[0]), self.high(a[0])
         if op == "reduce":      # a sum of k values in [lo, hi]; of exp(x - max x), one of them is 1
-            k, x = n.attrs["var"].extent, a[0]
+            k, x = _upper(n.attrs["var"].extent), a[0]
             one = isinstance(x, LNode) and x.op == "exp" and isinstance(x.args[0], LNode) and \
                 x.args[0].op == "sub" and _max_of(x.args[0].args[1], x.args[0].args[0], n.attrs["var"])
             return max(_times(self.low(x), k), 1.0 if one else -math.inf), _times(self.high(x), k)
@@ -208,7 +216,9 @@ def _reduce(r: Ranges, n: LNode) -> Mag:
     m = r.of(n.args[0])
     if n.attrs["kind"] != "sum":
         return m
-    return _bounded(m.bound * n.attrs["var"].extent) if m.level == BOUNDED else Mag(DATA if m.level < WILD else WILD)
+    if m.level == BOUNDED:
+        return _bounded(m.bound * _upper(n.attrs["var"].extent))
+    return Mag(DATA if m.level < WILD else WILD)
 
 
 def _same(r: Ranges, n: LNode) -> Mag:

@@ -25,8 +25,13 @@ class Compiled:
         self.fn = fn
         self.options = options
         self.programs: dict[tuple, Program] = {}
-        # per key: the tensors the plan baked in, with their versions then, and whether any requires grad
-        self._baked: dict[tuple, tuple[list[tuple[torch.Tensor, int]], bool]] = {}
+        # shape-generic programs by the program's structure (guards.Guards.key without shapes), each serving
+        # the sizes its guards admit; and the tensor shapes of the first call of each structure
+        self.generic: dict[tuple, list[Program]] = {}
+        self._first: dict[tuple, list[tuple[int, ...]]] = {}
+        # per program: the tensors the plan baked in, with their versions then, and whether any requires grad
+        self._baked: dict[int, tuple[list[tuple[torch.Tensor, int]], bool]] = {}
+        self._counts = {"searches": 0, "tunes": 0, "hits": 0, "misses": 0}
         self._guards = Guards(fn)
         self.warned: set[str] = set()      # notes warned about: one FallbackWarning each per callable
         self._lock = threading.Lock()
@@ -55,26 +60,72 @@ class Compiled:
             return self._eager(args, kwargs)
         return prog.run(call.leaves)
 
+    def cache_info(self) -> dict[str, int]:
+        """How this callable's calls went, as functools.lru_cache reports: plan searches and tunes run in this
+        process (a plan read from the on-disk cache needs neither), calls that found a plan held (`hits`) and
+        those that built one (`misses`), and the plans held, shape-generic ones among them."""
+        generic = sum(len(ps) for ps in self.generic.values())
+        return {**self._counts, "plans": len(self.programs) + generic, "generic": generic}
+
+    def _held(self, call: Call) -> Optional[Program]:
+        prog = self.programs.get(self._guards.key(call))
+        if prog is not None and self._fresh(prog):
+            return prog
+        for prog in self.generic.get(self._guards.key(call, shapes=False), []):
+            if prog.fits(call.leaves) and self._fresh(prog):
+                return prog
+        return None
+
     def _plan(self, call: Call) -> tuple[Program, bool]:
         """The program for `call` and whether a tensor it baked in requires grad. A miss walks the function again
         (guards.Guards.refresh) before it builds; a plan whose baked-in tensors were written since is rebuilt."""
-        key = self._guards.key(call)
-        prog = self.programs.get(key)
-        if prog is not None and self._fresh(key):
-            return prog, self._baked[key][1]
+        prog = self._held(call)
+        if prog is not None:
+            self._counts["hits"] += 1
+            return prog, self._baked[id(prog)][1]
         with self._lock:
             self._guards.refresh()
             key = self._guards.key(call)
-            prog = self.programs.get(key)
-            if prog is None or not self._fresh(key):
-                prog = build(self._guards.flat(call.spec), call.leaves, self.options, self.warned)
-                baked = {id(v): v for n in prog.plan.captured.nodes for v in n.attrs.values()
-                         if isinstance(v, torch.Tensor)}
-                self._baked[key] = ([(t, version(t)) for t in baked.values()],
-                                    any(t.requires_grad for t in baked.values()))
-                self.programs[key] = prog
+            prog = self._held(call)
+            if prog is None:
+                self._counts["misses"] += 1
+                prog = self._build(call, key)
                 self._count_changes(self._guards.key(call) != key)
-        return prog, self._baked[key][1]
+        return prog, self._baked[id(prog)][1]
+
+    def _build(self, call: Call, key: tuple) -> Program:
+        """A shape-generic program where `_dynamic` names sizes to be generic in and the plan holds for this call;
+        otherwise one for this call's shapes, held under `key` (the call's key before the trace ran)."""
+        dims = self._dynamic(call)
+        structure = self._guards.key(call, shapes=False)
+        fn = self._guards.flat(call.spec)
+        prog = build(fn, call.leaves, self.options, self.warned, dims) if dims else None
+        if prog is not None and prog.generic and prog.fits(call.leaves):
+            self.generic.setdefault(structure, []).append(prog)
+        else:
+            prog = build(fn, call.leaves, self.options, self.warned)
+            self.programs[key] = prog
+        stages = prog.plan.stages
+        self._counts["searches"] += "partition" in stages
+        self._counts["tunes"] += "tune" in stages
+        baked = {id(v): v for n in prog.plan.captured.nodes for v in n.attrs.values() if isinstance(v, torch.Tensor)}
+        self._baked[id(prog)] = ([(t, version(t)) for t in baked.values()],
+                                 any(t.requires_grad for t in baked.values()))
+        return prog
+
+    def _dynamic(self, call: Call) -> frozenset[tuple[int, int]]:
+        """The (leaf, dimension) pairs a new plan for `call` is generic in: with `dynamic=True`, every dimension
+        but each tensor's last (a head or feature dimension, which kernels hold whole in a tile); by default
+        those in which this call's shapes differ from the first call of the same structure (as torch.compile's
+        automatic dynamic shapes); none with `dynamic=False`."""
+        tensors = [(i, tuple(a.shape)) for i, a in enumerate(call.leaves) if isinstance(a, torch.Tensor)]
+        if self.options.dynamic is False:
+            return frozenset()
+        if self.options.dynamic:
+            return frozenset((i, d) for i, shape in tensors for d in range(len(shape) - 1))
+        first = self._first.setdefault(self._guards.key(call, shapes=False), [s for _, s in tensors])
+        return frozenset((i, d) for (i, shape), old in zip(tensors, first) for d in range(len(shape))
+                         if shape[d] != old[d])
 
     def _count_changes(self, changed: bool) -> None:
         """A function whose own run changes what it reads (a call log it appends to) misses on every call, and
@@ -85,8 +136,8 @@ class Compiled:
             warnings.warn(f"FlashTensor: {name_of(self.fn)} changes values it reads each time it runs, so no plan "
                           "could be reused; it runs in eager PyTorch", FallbackWarning, stacklevel=4)
 
-    def _fresh(self, key: tuple) -> bool:
-        return all(version(t) == v for t, v in self._baked[key][0])
+    def _fresh(self, prog: Program) -> bool:
+        return all(version(t) == v for t, v in self._baked[id(prog)][0])
 
     def _eager(self, args: tuple, kwargs: dict) -> Any:
         """Run `fn` itself, which autograd records; said once per compiled callable."""

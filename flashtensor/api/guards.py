@@ -174,10 +174,12 @@ class Guards:
         leaves, spec = pytree.tree_flatten((args, kwargs))
         return Call(leaves, spec)
 
-    def key(self, call: Call) -> tuple:
+    def key(self, call: Call, shapes: bool = True) -> tuple:
         """Other leaves than tensors, and the reads, by `fingerprint`: a module passed to an attention helper by its
-        state, not by its repr, which shows no attribute and costs a walk of the module tree."""
-        return call.spec, signature(call.leaves, fingerprint), tuple(fingerprint(r.value()) for r in self.reads)
+        state, not by its repr, which shows no attribute and costs a walk of the module tree. Without `shapes`,
+        the key of the program's structure (runtime.cache.signature), which shape-generic plans share."""
+        return (call.spec, signature(call.leaves, fingerprint, shapes),
+                tuple(fingerprint(r.value()) for r in self.reads))
 
     def refresh(self) -> None:
         """Walk the function again (on a miss): a rebound helper or module may read names the old one did not."""

@@ -19,7 +19,7 @@ HELPERS_MODULE = "flashtensor.codegen.triton_helpers"   # what every generated k
 @dataclass
 class Buffer:
     name: str
-    shape: tuple[int, ...]
+    shape: tuple[Any, ...]     # ints; in a shape-generic kernel, sizes as ir.sizes.python gives them
     dtype: torch.dtype
     kind: str                  # input | output | intermediate
     # ("in", program input index), an LOutput or LNode while planning; a plain key once planned
@@ -32,13 +32,14 @@ class KernelSource:
     name: str
     source: str
     buffers: list[Buffer]
-    grid: tuple[int]
+    grid: tuple[Any]               # programs: an int, or a size expression (ir.sizes.python)
     num_warps: int
     num_stages: int
     blocks: dict[str, int] = field(default_factory=dict)
     assumes_finite: bool = False   # it skips tiles by value facts that hold for finite inputs
     fixup: bool = False            # relaunched with MODE=1 after the plan: recomputes unless the check passed
     fixup_programs: int = 264      # programs of that fixup pass
+    sizes: list[str] = field(default_factory=list)   # size arguments after the buffers (a shape-generic kernel)
 
     @property
     def config(self) -> str:

@@ -16,6 +16,7 @@ import torch
 
 from ..analysis.facts import MODERATE
 from ..ir.loops import LNode, Var, exact_cast
+from ..ir.sizes import Size, ceildiv, source
 from .artifact import FINITE
 from .body import Body
 from .lower import TL, pow2, round_to
@@ -116,7 +117,7 @@ def _in_domain(least: str, dom: str) -> str:
     return f"tl.where({_meets(least, dom)}, 0.0, float(\"nan\"))"
 
 
-def program_check(em: Tiles, slots: int, check: dict, part: int, tiles: int, stages: int) -> list[str]:
+def program_check(em: Tiles, slots: int, check: dict, part: int, tiles: Size, stages: int) -> list[str]:
     """The finite check's lines at the end of a MODE=0 program (see emit_kernel): this program's piece of
     the kernel's part of each checked input, summed as x * 0 in the input's own precision (two half
     values per instruction); inputs of one size share a loop, so their loads are in flight together.
@@ -150,17 +151,18 @@ def program_check(em: Tiles, slots: int, check: dict, part: int, tiles: int, sta
             dom = em.checks[i][1]
             low = f" + tl.sum({_in_domain(f'chkm{i}', dom)}, {ax})" if dom else ""
             skipped.append(f"    chk{i} += tl.sum(chkt{i}, {ax}){low}")
-    sizes: dict[int, list[int]] = {}
+    sizes: dict[str, tuple[Size, list[int]]] = {}
     for i in check:
-        sizes.setdefault(math.prod(em.inputs[i][0]), []).append(i)
+        numel = math.prod(em.inputs[i][0])
+        sizes.setdefault(str(numel), (numel, []))[1].append(i)
     inits, out = [], []
-    for size, group in sizes.items():
-        span = -(-size // slots)
-        start, stop = part * span, min(size, (part + 1) * span)
-        per = -(-(stop - start) // tiles)
-        blk = min(CHECK_BLOCK, pow2(per))
-        out += [f"    end = tl.minimum({start} + (pid64 + 1) * {per}, {stop})",
-                f"    for off in range({start} + pid64 * {per}, end, {blk}):",
+    for size, group in sizes.values():
+        span = ceildiv(size, slots)
+        start, stop = part * span, torch.sym_min(size, (part + 1) * span)
+        per = ceildiv(stop - start, tiles)
+        blk = CHECK_BLOCK if isinstance(per, torch.SymInt) else min(CHECK_BLOCK, pow2(per))
+        out += [f"    end = tl.minimum({source(start)} + (pid64 + 1) * {source(per)}, {source(stop)})",
+                f"    for off in range({source(start)} + pid64 * {source(per)}, end, {blk}):",
                 f"        o = off + tl.arange(0, {blk})"]
         for i in group:
             shape, dtype = em.inputs[i]
@@ -175,7 +177,7 @@ def program_check(em: Tiles, slots: int, check: dict, part: int, tiles: int, sta
                                            f"        tl.store({flag}, float(\"nan\"))"]
 
 
-def modes(em: Tiles, slots: int, tiles: int, tile: list[str], checked: list[str]) -> list[str]:
+def modes(em: Tiles, slots: int, tiles: Size, tile: list[str], checked: list[str]) -> list[str]:
     """The kernel body: one tile per program, then its piece of the check (MODE=0); in a plan with a check,
     also the fixup pass (MODE=1), whose fixup programs return at once when the flag is 0 and
     otherwise loop over the tiles (see emit_kernel). Few programs keep the usual, finite case cheap."""
@@ -186,6 +188,6 @@ def modes(em: Tiles, slots: int, tiles: int, tile: list[str], checked: list[str]
             f"    if tl.load({flag}) == 0:     # every input finite: the first pass was exact",
             "        return",
             "    fin = 0",
-            f"    for pid in range(tl.program_id(0), {tiles}, tl.num_programs(0)):"] + \
+            f"    for pid in range(tl.program_id(0), {source(tiles)}, tl.num_programs(0)):"] + \
         ["        " + ln for ln in tile if not ln.endswith(CHECK_MARK)] + \
         ["else:", "    fin = 1", "    pid = tl.program_id(0)"] + ["    " + ln for ln in checked]

@@ -168,7 +168,7 @@ class Emitter(Tiles):
         x = n.args[0]
         xt = self.tvars(x)
         e = self.arg(x, xt, ctx)
-        if self.blk[v] != v.extent:
+        if self.padded(v):
             e = f"tl.where({self.idx(v, xt)} < {v.extent}, {e}, {lit(IDENTITY[kind]) if kind != 'any' else '0'})"
         if kind == "any":
             lines.append(f"{out} = tl.max(({e} != 0).to(tl.int32), axis={xt.index(v)}) != 0")
@@ -215,7 +215,7 @@ class Emitter(Tiles):
             expr = self.product(factors, canon, ctx, lines)
             if _literal(expr):      # a constant the region's facts give (0 in a folded tile): a tile, which `.to` needs
                 expr = f"tl.full(({shape}), {expr}, tl.float32)"
-            if mask_loop or (self.blk[k] != k.extent and k is not self.s.loop):
+            if mask_loop or (self.padded(k) and k is not self.s.loop):
                 expr = f"tl.where({self.idx(k, canon)} < {k.extent}, {expr}, 0.0)"
             if prec:
                 expr = f"({expr}).to({TL[prec]})"

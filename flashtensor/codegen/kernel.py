@@ -1,14 +1,16 @@
 """Triton source for one scheduled kernel: the passes of its loop, the stores, and the program's modes."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from ..analysis.facts import IDENTITY
 from ..ir.loops import Var
+from ..ir.sizes import ceildiv, python
 from ..options import TileConfig
 from ..schedule.schedule import ScheduleError
 from . import check, loop
-from .artifact import HELPERS_MODULE, KernelSource
+from .artifact import HELPERS_MODULE, Buffer, KernelSource
 from .body import Body
 from .emitter import Emitter
 from .lower import lit
@@ -86,7 +88,7 @@ def emit_kernel(spec: KernelSpec, cfg: TileConfig) -> KernelSource:
             em.store(f, None, store_ctx)
     body += store_ctx.lines
     grid1 = math.prod(v.extent for v in s.batch)
-    ntiles = -(-s.row.extent // em.blk[s.row]) if s.row is not None else 1
+    ntiles = ceildiv(s.row.extent, em.blk[s.row]) if s.row is not None else 1
     tiles = ntiles * grid1
     for n, _ in em.checks.values():
         if s.loop not in n.vars and id(n) not in em.cache_pre:
@@ -97,11 +99,18 @@ def emit_kernel(spec: KernelSpec, cfg: TileConfig) -> KernelSource:
                       if c.slots and (c.flat or em.checks) else [])
     prog = check.modes(em, c.slots, tiles, tile, checked)
     buffers = list(em.bufs.values())
-    head = [f"def {spec.name}({', '.join(b.name for b in buffers)}, MODE: tl.constexpr, PDL: tl.constexpr):",
+    size_args = sorted(spec.sizes)
+    head = [f"def {spec.name}({', '.join([b.name for b in buffers] + size_args)}, MODE: tl.constexpr, "
+            "PDL: tl.constexpr):",
             "    if PDL:", "        _after_prior()"]
     lines = head + ["    " + ln for ln in prog]
     src = "import triton\nimport triton.language as tl\n\n" + \
         f"from {HELPERS_MODULE} import {', '.join(HELPERS)}\n\n\n@triton.jit\n" + "\n".join(lines) + "\n"
     blocks = {str(v): em.blk[v] for v in em.blk}
-    return KernelSource(spec.name, src, buffers, (tiles,), cfg.num_warps, cfg.num_stages, blocks,
-                        bool(s.skip or s.special), c.slots > 0, spec.fixup_programs)
+    return KernelSource(spec.name, src, [_plain_shape(b) for b in buffers], (python(tiles),), cfg.num_warps,
+                        cfg.num_stages, blocks, bool(s.skip or s.special), c.slots > 0, spec.fixup_programs, size_args)
+
+
+def _plain_shape(b: Buffer) -> Buffer:
+    """b with its symbolic sizes as Python expressions of the size arguments (the launch evaluates them)."""
+    return dataclasses.replace(b, shape=tuple(python(d) for d in b.shape))

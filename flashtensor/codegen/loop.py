@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from ..analysis.facts import IDENTITY, negate
 from ..ir.loops import Affine, LNode
+from ..ir.sizes import Size, hint, source, symbolic
 from ..schedule.schedule import Accum, ScheduleError
 from . import check, forms
 from .body import Body
@@ -220,29 +221,30 @@ def unsettled(em: Tiles, accs: list[Accum]) -> str:
     return " | ".join(terms)
 
 
-def placement(em: Tiles, ntiles: int, grid1: int) -> list[str]:
+def placement(em: Tiles, ntiles: Size, grid1: Size) -> list[str]:
     """Row tile and batch index of this program. Tiles whose loop covers the most are launched first
     (the direction follows the skipped and constant-folded half-planes), across the batch in groups of
     about `group_programs` programs: the longest tiles of a group start together and its shortest end it,
     so the last wave is short, while a group's batch entries are few enough to share the cache."""
     s = em.s
     out = []
-    group = max(1, min(grid1, em.spec.group_programs // ntiles))
-    if group >= grid1:
-        out += [f"t = pid // {grid1}", f"b = pid % {grid1}"]
+    group = max(1, min(hint(grid1), em.spec.group_programs // hint(ntiles)))   # correct at any size: a group
+    n, span = source(grid1), source(group * ntiles)
+    if not symbolic(grid1) and not symbolic(ntiles) and group >= grid1:      # past the grid is the whole grid
+        out += [f"t = pid // {n}", f"b = pid % {n}"]
     else:
-        out += [f"g = pid // {group * ntiles}", f"gn = tl.minimum({group}, {grid1} - g * {group})",
-                f"t = (pid - g * {group * ntiles}) // gn", f"b = g * {group} + (pid - g * {group * ntiles}) % gn"]
+        out += [f"g = pid // {span}", f"gn = tl.minimum({group}, {n} - g * {group})",
+                f"t = (pid - g * {span}) // gn", f"b = g * {group} + (pid - g * {span}) % gn"]
     if s.row is not None:
         # loop work grows with the row index (a gap's rows bound it on both sides, so it does not count)
         ends = [h for reg in s.skip if reg != s.gap for h in reg if s.loop is not None and h.coeff(s.loop)]
         grows = sum(h.coeff(s.row) for h in ends + s.special) < 0
-        out.append(f"r0 = ({ntiles - 1} - t) * {em.blk[s.row]}" if grows else f"r0 = t * {em.blk[s.row]}")
+        out.append(f"r0 = ({source(ntiles - 1)} - t) * {em.blk[s.row]}" if grows else f"r0 = t * {em.blk[s.row]}")
         out.append(f"o_{s.row} = r0 + tl.arange(0, {em.blk[s.row]})")
     rest = "b"
     for v in reversed(s.batch):
-        out.append(f"i_{v} = {rest} % {v.extent}")
-        rest = f"({rest} // {v.extent})"
+        out.append(f"i_{v} = {rest} % {source(v.extent)}")
+        rest = f"({rest} // {source(v.extent)})"
     return out
 
 

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from ..ir.ops import ELEMENTWISE, GROUP, Group, Op
+from ..ir.sizes import symbolic
 
 TL = {torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.float32: "tl.float32",
       torch.float64: "tl.float64", torch.int64: "tl.int64", torch.int32: "tl.int32", torch.bool: "tl.int1"}
@@ -41,6 +42,6 @@ def round_to(dtype: torch.dtype, expr: str) -> str:
 def contig(shape: tuple[int, ...] | list[int]) -> list[int]:
     out, acc = [], 1
     for s in reversed(list(shape)):
-        out.append(acc if s != 1 else 0)
+        out.append(acc if symbolic(s) or s != 1 else 0)
         acc *= s
     return out[::-1]

@@ -46,3 +46,4 @@ class KernelSpec:
     interpret: bool = False
     group_programs: int = 512
     fixup_programs: int = 264
+    sizes: Mapping[str, int] = field(default_factory=dict)   # a symbolic size's value in the bucket emitted for

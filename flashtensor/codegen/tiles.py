@@ -14,6 +14,7 @@ import torch
 
 from ..analysis import precision
 from ..ir.loops import Affine, LNode, Var
+from ..ir.sizes import pow2_bucket, symbolic, value
 from ..options import TileConfig
 from ..schedule.schedule import Schedule, ScheduleError, contraction, factorize
 from .artifact import Buffer
@@ -33,9 +34,9 @@ class Tiles(abc.ABC):
         self.undotted = _undotted_operands(s)
         self.blk: dict[Var, int] = {}
         if s.row is not None:
-            self.blk[s.row] = min(cfg.block_row, pow2(s.row.extent))
+            self.blk[s.row] = min(cfg.block_row, pow2(self.bucket(s.row.extent)))
         if s.loop is not None:
-            self.blk[s.loop] = 1 if s.stepped else min(cfg.block_loop, pow2(s.loop.extent))
+            self.blk[s.loop] = 1 if s.stepped else min(cfg.block_loop, pow2(self.bucket(s.loop.extent)))
         for v in s.whole:
             self.blk[v] = pow2(v.extent)
         self.bufs: dict[object, Buffer] = {}    # by source, in kernel-argument order
@@ -54,6 +55,14 @@ class Tiles(abc.ABC):
         self.ftz: frozenset[int] = spec.check.ftz   # inputs whose logs flush subnormals in the first pass
         self.narrowed: dict[int, torch.dtype] = dict(spec.check.narrowed)   # inputs the check tests as cast
         self.carriers: dict[str, list[Var]] = {}   # sum accumulators that took in a check (see loop.py)
+
+    def bucket(self, extent: Any) -> int:
+        """A static extent, or the top of the length bucket the kernel is emitted for (spec.sizes)."""
+        return pow2_bucket(value(extent, self.spec.sizes)) if symbolic(extent) else extent
+
+    def padded(self, v: Var) -> bool:
+        """Whether v's tile may hold positions past its extent (always, where the extent is symbolic)."""
+        return symbolic(v.extent) or self.blk[v] != v.extent
 
     def fresh(self, base: str) -> str:
         self.tmp += 1
@@ -85,6 +94,8 @@ class Tiles(abc.ABC):
 
     def partial(self, v: Var) -> bool:
         """Whether some tile of v reaches past its extent."""
+        if symbolic(v.extent):
+            return True
         return v.extent % self.blk[v] != 0 if v in (self.s.row, self.s.loop) else self.blk[v] != v.extent
 
     def range_mask(self, tv: list[Var]) -> Optional[str]:

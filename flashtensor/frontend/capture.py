@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from ..ir.graph import Builder, Graph, Node, Returns
 from ..ir.ops import ELEMENTWISE, GROUP, TENSOR, Group, scalar
@@ -27,6 +28,7 @@ from . import layout
 from .eager import EagerOnly, name, raise_if_eager_rejects, torch_logs_to_debug, whole, why_untraced
 from .scatter import scatter
 from .source import SourceRecorder
+from .symbolic import size_sources, symbolic_inputs
 
 aten = torch.ops.aten
 log = logging.getLogger("flashtensor.capture")
@@ -36,9 +38,11 @@ class CaptureError(RuntimeError):
     pass
 
 
-def trace(fn: Callable, args: Sequence[torch.Tensor]) -> tuple[torch.fx.GraphModule, list[tuple[Any, str]], Returns]:
+def trace(fn: Callable, args: Sequence[torch.Tensor], dynamic: frozenset[tuple[int, int]] = frozenset()
+          ) -> tuple[torch.fx.GraphModule, list[tuple[Any, str]], Returns]:
     """The function as an ATen FX graph whose output is the list of tensors it returns; the user's source line of
-    every ATen call; and how to rebuild what it returns from that list."""
+    every ATen call; and how to rebuild what it returns from that list. The (input, dimension) pairs in `dynamic`
+    are traced as symbolic sizes (frontend/symbolic.py)."""
     rec = SourceRecorder()
     returns: list[Returns] = []
 
@@ -55,8 +59,15 @@ def trace(fn: Callable, args: Sequence[torch.Tensor]) -> tuple[torch.fx.GraphMod
             try:
                 # functionalized: an in-place write (`s[..., :5, :] = -inf`) becomes a new value that later reads
                 # see, where the IR's pure nodes would otherwise keep reading the value from before the write
-                gm = make_fx(torch.func.functionalize(wrapped, remove="mutations"), tracing_mode="fake",
-                             _allow_non_fake_inputs=True)(*args)
+                functional = torch.func.functionalize(wrapped, remove="mutations")
+                if dynamic:
+                    mode, fakes = symbolic_inputs(args, dynamic)
+                    sources = size_sources(fakes)      # before the trace finds sizes equal or constant
+                    with mode:
+                        gm = make_fx(functional, tracing_mode="real", _allow_non_fake_inputs=True)(*fakes)
+                    gm.meta["shape_env"], gm.meta["size_sources"] = mode.shape_env, sources
+                else:
+                    gm = make_fx(functional, tracing_mode="fake", _allow_non_fake_inputs=True)(*args)
             except EagerOnly:
                 raise
             except Exception as e:  # data-dependent control flow, an op fake tensors cannot run, a user error
@@ -88,15 +99,19 @@ def _returns(out: Any, calls: Sequence[tuple[Any, str]]) -> Returns:
     return Returns(spec, tuple(None if k in slots else x for k, x in enumerate(leaves)), slots)
 
 
-def capture(fn: Callable, args: Sequence[torch.Tensor]) -> Graph:
+def capture(fn: Callable, args: Sequence[torch.Tensor], dynamic: frozenset[tuple[int, int]] = frozenset()) -> Graph:
     """Trace `fn(*args)` to ATen and lower it into the graph IR; what capture cannot represent is one opaque call
-    of the whole function. A program eager rejects raises eager's exception (a user error)."""
+    of the whole function. A program eager rejects raises eager's exception (a user error). With `dynamic`, the
+    graph's sizes there are symbolic (a shape-generic plan)."""
     try:
-        gm, calls, returns = trace(fn, args)
+        gm, calls, returns = trace(fn, args, dynamic)
     except EagerOnly as e:
         return whole(fn, args, str(e))
     try:
-        return from_fx(gm, calls, returns)
+        g = from_fx(gm, calls, returns)
+        if dynamic:
+            g.shape_env, g.size_sources = gm.meta["shape_env"], gm.meta["size_sources"]
+        return g
     except EagerOnly as e:
         return whole(fn, args, str(e))
     except Exception as e:  # a user error fake tensors let through (softmax's dim), or a bug in capture
@@ -183,8 +198,10 @@ def _lower_call(b: Builder, fx: torch.fx.Node, env: dict, src: str, live: set[to
     if fx not in live and any(env[a] is None for a in fx.all_input_nodes):
         return None                      # reads an unused output that got no node
     val = fx.meta.get("val")
+    if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)) and not free_unbacked_symbols(val):
+        return val                       # a size, or arithmetic on sizes: symbolic where the trace is dynamic
     if not (isinstance(val, (tuple, list)) or (isinstance(val, torch.Tensor) and
-                                               all(isinstance(d, int) for d in val.shape))):
+                                               not free_unbacked_symbols(val.shape))):
         if fx not in live:
             return None
         raise EagerOnly(_unheld(fx, val, src))

@@ -74,6 +74,10 @@ class Graph:
     outputs: list[Node]
     nodes: list[Node]
     returns: Optional[Returns] = None
+    # a shape-generic trace: the ShapeEnv whose guards say where the plan holds, and each size symbol's
+    # (input, dimension) (None: every size is static)
+    shape_env: Any = None
+    size_sources: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def result(self, values: Sequence[Any]) -> Any:
         """The function's return value, given the values of `outputs`."""
@@ -155,6 +159,7 @@ class Builder:
             **attrs: Any) -> Node:
         k = self._count.get(op, 0)
         self._count[op] = k + 1
-        n = Node(Op(op), tuple(args), tuple(int(s) for s in shape), dtype, attrs, f"{op}{k}" if k else str(op), source)
+        dims = tuple(s if isinstance(s, torch.SymInt) else int(s) for s in shape)
+        n = Node(Op(op), tuple(args), dims, dtype, attrs, f"{op}{k}" if k else str(op), source)
         self.nodes.append(n)
         return n

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -26,18 +26,28 @@ class Var:
 
     def __init__(self, extent: int, name: str = "") -> None:
         self.id = next(_ids)
-        self.extent = int(extent)
+        self.extent: Any = extent if isinstance(extent, torch.SymInt) else int(extent)   # int, or a SymInt
         self.name = name or f"v{self.id}"
 
     def __repr__(self) -> str:
         return self.name
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Affine:
-    """sum(coeff * var) + const over loop variables."""
-    terms: tuple[tuple[Var, int], ...] = ()
-    const: int = 0
+    """sum(coeff * var) + const over loop variables. The constant and coefficients may be symbolic sizes (a
+    diagonal kv_len - q_len + 1, a stride); two affines are equal when they are the same expression."""
+    terms: tuple[tuple[Var, Any], ...] = ()
+    const: Any = 0          # an int, or a torch.SymInt
+
+    def _key(self) -> tuple:
+        return tuple((v.id, _hashable(c)) for v, c in self.terms), _hashable(self.const)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Affine) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
 
     @staticmethod
     def of(v: Var) -> "Affine":
@@ -161,8 +171,8 @@ class NodeTable:
 
 
 def _key(op: Op | str, args: tuple, dtype: torch.dtype, attrs: dict) -> tuple:
-    return (Op(op), tuple(id(a) if isinstance(a, LNode) else ("s", type(a).__name__, a) for a in args), dtype,
-            tuple(sorted((k, _hashable(v)) for k, v in attrs.items())))
+    return (Op(op), tuple(id(a) if isinstance(a, LNode) else ("s", type(a).__name__, _hashable(a)) for a in args),
+            dtype, tuple(sorted((k, _hashable(v)) for k, v in attrs.items())))
 
 
 def _hashable(v):
@@ -172,6 +182,8 @@ def _hashable(v):
         return ("var", v.id)
     if isinstance(v, float) and v != v:
         return "nan"
+    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return "sym", str(v.node.expr)
     return v
 
 

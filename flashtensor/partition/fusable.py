@@ -7,6 +7,7 @@ from typing import Optional
 
 from ..ir.graph import Graph, Node, topo_order
 from ..ir.reasons import place
+from ..ir.sizes import hint
 
 
 def fusable_part(g: Graph) -> Graph:
@@ -33,10 +34,10 @@ def eager_handoff(g: Graph, fused: Graph) -> Optional[str]:
     check_boundaries applies between kernels (docs/design.md §3.4): the kernels then save nothing, and the
     remainder, evaluated from the decomposed graph, costs more than the user's own ops (0.36x eager on an
     H200)."""
-    largest = max(math.prod(n.shape) for n in g.inputs + g.outputs)
-    handed = [n for n in fused.outputs if n not in g.outputs and math.prod(n.shape) > largest]
+    largest = max(hint(math.prod(n.shape)) for n in g.inputs + g.outputs)   # by the traced sizes: a choice of
+    handed = [n for n in fused.outputs if n not in g.outputs and hint(math.prod(n.shape)) > largest]   # speed
     if not handed:
         return None
-    n = max(handed, key=lambda n: math.prod(n.shape))
+    n = max(handed, key=lambda n: hint(math.prod(n.shape)))
     return (f"no fused plan: the kernels would hand eager PyTorch a {list(n.shape)} intermediate ({place(n)}), "
             "larger than every input and output; the whole program runs in eager PyTorch")

@@ -14,6 +14,7 @@ from typing import Callable, Optional
 
 from ..ir.loops import LNode, LoopGraph, Var, loop_topo
 from ..ir.reasons import NoPlanError
+from ..ir.sizes import hint, longer
 
 
 class PartitionError(NoPlanError):
@@ -38,8 +39,8 @@ def _cuts(roots: list[LNode], parallel: set[Var], produced: set[LNode],
     `invariant` > 0, also a reduction longer than that whose value does not vary along the longest parallel
     variable, itself longer: the grid splits it, so each program would compute the value again (linear
     attention's d x d context k^T v under an output over queries, which each query tile would recompute)."""
-    longest = max(parallel, key=lambda v: (v.extent, -v.id), default=None)
-    row = longest if invariant and longest is not None and longest.extent > invariant else None
+    longest = max(parallel, key=lambda v: (hint(v.extent), -v.id), default=None)
+    row = longest if invariant and longest is not None and longer(longest.extent, invariant) else None
     cuts: list[LNode] = []
     seen: set[int] = set()
     stack = list(roots)
@@ -53,9 +54,9 @@ def _cuts(roots: list[LNode], parallel: set[Var], produced: set[LNode],
             if a in produced and a not in roots:
                 loads.add(a)
             elif a.op == "reduce" and a not in roots and (
-                    (a.attrs["var"] in parallel and a.attrs["var"].extent > whole) or
+                    (a.attrs["var"] in parallel and longer(a.attrs["var"].extent, whole)) or
                     (nested and n.op == a.op == "reduce" and n.attrs["kind"] == a.attrs["kind"] == "sum") or
-                    (row is not None and row not in a.vars and a.attrs["var"].extent > invariant)):
+                    (row is not None and row not in a.vars and longer(a.attrs["var"].extent, invariant))):
                 cuts.append(a)
                 loads.add(a)
             else:
@@ -156,10 +157,10 @@ def _order(plans: list[KernelPlan]) -> Optional[list[KernelPlan]]:
 def check_boundaries(loops: LoopGraph, plans: list[KernelPlan]) -> None:
     """No value larger than the program's own inputs and outputs may cross a kernel boundary (docs/design.md
     §3.4): recomputing it is cheaper than writing and reading it."""
-    largest = max(math.prod(shape) for shape, _ in loops.inputs + [(o.shape, None) for o in loops.outputs])
+    largest = max(hint(math.prod(shape)) for shape, _ in loops.inputs + [(o.shape, None) for o in loops.outputs])
     stored = {o.node for o in loops.outputs}
     for p in plans:
         for r in p.roots:
-            if r not in stored and math.prod(v.extent for v in r.vars) > largest:
+            if r not in stored and hint(math.prod(v.extent for v in r.vars)) > largest:   # traced sizes: a cost
                 what = f"plan would pass a {[v.extent for v in r.vars]} intermediate between kernels"
                 raise PartitionError(what, where=r.origin)

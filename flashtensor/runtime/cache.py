@@ -40,9 +40,14 @@ class CacheWarning(UserWarning):
     """A plan cache entry could not be used (corrupt, truncated, unreadable) and is rebuilt."""
 
 
-def signature(args: Sequence[Any], value: Callable[[Any], Any] = repr) -> tuple:
+def signature(args: Sequence[Any], value: Callable[[Any], Any] = repr, shapes: bool = True) -> tuple:
     """What a plan is specialised to: every tensor's shape, dtype, device and strides; every other value, as `value`
-    gives it (repr here, stable across processes; ft.compile's in-memory key passes api.guards.fingerprint)."""
+    gives it (repr here, stable across processes; ft.compile's in-memory key passes api.guards.fingerprint).
+    Without `shapes`, a tensor's rank and whether it is contiguous stand for its shape and strides: the key of a
+    shape-generic plan, whose guards say which sizes it serves."""
+    if not shapes:
+        return tuple(("T", a.dim(), a.dtype, a.device, a.is_contiguous()) if isinstance(a, torch.Tensor)
+                     else ("V", value(a)) for a in args)
     return tuple(("T", a.shape, a.dtype, a.device, a.stride()) if isinstance(a, torch.Tensor) else ("V", value(a))
                  for a in args)     # runs on every call: no string conversions
 
@@ -64,14 +69,17 @@ def _tensor_digest(t: torch.Tensor) -> str:
     return f"{t.dtype}{list(t.shape)}:" + hashlib.sha256(flat.view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
-def key(graph: Graph, args: Sequence[Any], options: str) -> str:
-    """Hex key of a plan for `graph` (decomposed) called with `args` under `options` (Options.key())."""
+def key(graph: Graph, args: Sequence[Any], options: str, bucket: tuple = ()) -> str:
+    """Hex key of a plan for `graph` (decomposed) called with `args` under `options` (Options.key()); a
+    shape-generic graph's plan is keyed by the arguments' ranks and the length bucket of its sizes instead of
+    their shapes (the entry's guards are checked on load)."""
     consts = [f"{n.name}.{k}={_tensor_digest(v)}" for n in graph.nodes for k, v in n.attrs.items()
               if isinstance(v, torch.Tensor)]
     devices = sorted({str(a.device) for a in args if isinstance(a, torch.Tensor)})
     names = [torch.cuda.get_device_name(d) for d in devices if d.startswith("cuda")]
-    text = "\n".join([str(graph), *consts, repr(signature(args)), repr(names), f"interpret={knobs.interpret()}",
-                      options, versions()])
+    generic = bool(bucket)      # a shape-generic plan has sizes to bucket
+    text = "\n".join([str(graph), *consts, repr(signature(args, shapes=not generic)), repr(bucket), repr(names),
+                      f"interpret={knobs.interpret()}", options, versions()])
     return hashlib.sha256(text.encode()).hexdigest()
 
 

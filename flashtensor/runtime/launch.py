@@ -7,12 +7,15 @@ import importlib.util
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
 from .. import knobs
 from ..codegen.artifact import FINITE, KernelSource
+from ..ir.sizes import evaluate
+
+SIZES = ("sizes",)     # buffer key of the size symbols' values
 
 
 def load_kernel(k: KernelSource) -> Any:
@@ -46,8 +49,9 @@ class Launch:
         the device has them, which may start while the plan's kernel before it on the stream finishes (its
         programs first wait for that kernel's writes): the launch gap between a plan's kernels goes. Only
         the plan's own kernels after its first are launched so; any kernel's wait is a no-op otherwise."""
-        args = [buffers[b.source] for b in self.source.buffers]
-        (tiles,) = self.source.grid
+        sizes = buffers.get(SIZES, {})
+        args = [buffers[b.source] for b in self.source.buffers] + [sizes[n] for n in self.source.sizes]
+        tiles = evaluate(self.source.grid[0], sizes)
         grid = (min(tiles, self.source.fixup_programs),) if fixup else (tiles,)
         pdl = _dependent_launch(args[0].device)     # the code waits, and lets the next kernel launch early
         self.fn[grid](*args, MODE=int(fixup), PDL=pdl, launch_pdl=pdl and after_prior,
@@ -60,25 +64,30 @@ def _dependent_launch(device: torch.device) -> bool:
     return device.type == "cuda" and not knobs.interpret() and torch.cuda.get_device_capability(device)[0] >= 9
 
 
-def input_buffers(inputs: Sequence[torch.Tensor]) -> dict:
-    """Program inputs keyed as kernels name them (generated code assumes contiguous layouts)."""
-    return {("in", i): t.contiguous() for i, t in enumerate(inputs)}
+def input_buffers(inputs: Sequence[torch.Tensor], sizes: Optional[dict[str, int]] = None) -> dict:
+    """Program inputs keyed as kernels name them (generated code assumes contiguous layouts), and the values of
+    the size symbols a shape-generic plan's kernels take (under SIZES)."""
+    bufs: dict[Any, Any] = {("in", i): t.contiguous() for i, t in enumerate(inputs)}
+    bufs[SIZES] = sizes or {}
+    return bufs
 
 
 def allocate(source: KernelSource, buffers: dict, device: torch.device) -> None:
     """Create the outputs, intermediates and the (zeroed) finite-check flag `source` uses that `buffers`
     does not hold yet."""
+    sizes = buffers.get(SIZES, {})
     for b in source.buffers:
         if b.source == FINITE and FINITE not in buffers:
             buffers[FINITE] = torch.zeros(b.shape, dtype=b.dtype, device=device)
         elif b.source not in buffers:
-            buffers[b.source] = torch.empty(b.shape, dtype=b.dtype, device=device)
+            buffers[b.source] = torch.empty([evaluate(d, sizes) for d in b.shape], dtype=b.dtype, device=device)
 
 
-def run_kernels(launches: Sequence[Launch], inputs: Sequence[torch.Tensor], device: torch.device) -> dict:
+def run_kernels(launches: Sequence[Launch], inputs: Sequence[torch.Tensor], device: torch.device,
+                sizes: Optional[dict[str, int]] = None) -> dict:
     """Allocate intermediates and outputs, launch every kernel, then the fixup pass where the plan has one
     (it returns at once unless an input was not finite); returns all buffers by key."""
-    buffers = input_buffers(inputs)
+    buffers = input_buffers(inputs, sizes)
     for la in launches:
         allocate(la.source, buffers, device)
     for k, la in enumerate(launches):

@@ -16,6 +16,7 @@ import torch
 
 from ..codegen.artifact import KernelSource, decode_kernel
 from ..ir.graph import Graph, Node
+from ..ir.sizes import holds
 from .launch import Launch, load_kernel, run_kernels
 from .remainder import Remainder
 
@@ -72,6 +73,20 @@ class Program:
         self.launches = [Launch(k, load_kernel(k)) for k in self.kernels]
         self.results: list[tuple[Node, tuple]] = [(nodes[name], k) for name, k in plan.entry.get("results", [])]
         self.remainder = None if plan.eager else Remainder(g, [n for n, _ in self.results], compile_remainder)
+        self.size_sources: dict[str, tuple[int, int]] = plan.entry.get("sizes", {})
+        self.guards: str = plan.entry.get("guards", "True")
+
+    @property
+    def generic(self) -> bool:
+        """Whether the plan serves more than its traced sizes (its kernels take sizes as arguments)."""
+        return bool(self.size_sources)
+
+    def sizes(self, tensors: Sequence[torch.Tensor]) -> dict[str, int]:
+        return {name: tensors[i].shape[d] for name, (i, d) in self.size_sources.items()}
+
+    def fits(self, args: Sequence[Any]) -> bool:
+        """Whether the call's sizes satisfy the guards of a shape-generic plan (a static one fits its key)."""
+        return not self.generic or holds(self.guards, self.sizes([args[i] for i in self.tensor_positions]))
 
     @property
     def notes(self) -> list[str]:
@@ -85,6 +100,6 @@ class Program:
         if self.remainder is None:
             return self.fn(*args)
         tensors = [args[i] for i in self.tensor_positions]
-        bufs = run_kernels(self.launches, list(tensors) + self.consts, tensors[0].device)
+        bufs = run_kernels(self.launches, list(tensors) + self.consts, tensors[0].device, self.sizes(tensors))
         outs = self.remainder(tensors, {n: bufs[k] for n, k in self.results})
         return self.plan.decomposed.result(outs)

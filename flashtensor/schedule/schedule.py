@@ -27,6 +27,7 @@ from ..analysis.precision import kept
 from ..analysis.roles import Roles, kernel_nodes, reduction_deps, roles
 from ..ir.loops import Affine, LNode, Var
 from ..ir.reasons import NoPlanError
+from ..ir.sizes import hint, longer, symbolic
 from ..partition.plan import KernelPlan
 from . import online
 
@@ -165,9 +166,10 @@ def build_schedule(plan: KernelPlan, loop_choice: Optional[Var] = None) -> Sched
     # it fits (MAX_WHOLE)
     inner = {n.attrs["var"] for n in compute if n.op == "reduce"} & set(free)
     rows = [v for v in free if v not in inner]
-    row = max(rows, key=lambda v: (v.extent, -v.id)) if rows else None
+    row = max(rows, key=lambda v: (hint(v.extent), -v.id)) if rows else None
     all_vars = {v for n in nodes for v in n.vars} | {n.attrs["var"] for n in compute if n.op == "reduce"}
-    reduced = sorted({n.attrs["var"] for n in compute if n.op == "reduce"} - parallel, key=lambda v: (-v.extent, v.id))
+    reduced = sorted({n.attrs["var"] for n in compute if n.op == "reduce"} - parallel,
+                     key=lambda v: (not symbolic(v.extent), -hint(v.extent), v.id))   # a symbolic size is long
     candidates = [loop_choice] if loop_choice else (reduced or [None])
     # parallel variables held in the tile beside the row variable unless that breaks the tile shape; then
     # those that sit in one operand with the row (GQA's head-group index next to the query index), then all
@@ -183,7 +185,7 @@ def build_schedule(plan: KernelPlan, loop_choice: Optional[Var] = None) -> Sched
         extras.append((set(free) - inner, None))
     # stepped loops come last, the shortest first, over a short reduced variable that is a batch variable of a
     # contraction (both operands carry it): each step is then a matmul of its own slices
-    stepped = [] if loop_choice else sorted((v for v in reduced if v in dot_batch and v.extent <= MAX_WHOLE),
+    stepped = [] if loop_choice else sorted((v for v in reduced if v in dot_batch and not longer(v.extent, MAX_WHOLE)),
                                             key=lambda v: (v.extent, v.id))
     tries = [(e, r, loop, False) for e, r in extras for loop in candidates] + \
         [(e, r, loop, True) for e, r in extras for loop in stepped]
@@ -209,7 +211,7 @@ def _finish(plan, nodes, compute, boundary, batch, row, loop, whole, role, stepp
     if any(n.dtype == torch.float64 for n in nodes):
         raise ScheduleError("float64 has no fused lowering (tl.dot accumulates in float32)")
     for v in whole:
-        if v.extent > MAX_WHOLE:
+        if longer(v.extent, MAX_WHOLE):
             raise ScheduleError(f"variable {v} of extent {v.extent} would have to be held whole in a tile",
                                 f"an axis of extent {v.extent} would have to be held whole in a tile "
                                 f"(at most {MAX_WHOLE})")

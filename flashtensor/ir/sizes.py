@@ -1,0 +1,136 @@
+"""Sizes that may be symbolic: a shape-generic plan traces with torch SymInts for the dimensions that vary.
+
+A symbolic size is a `torch.SymInt` of the trace's ShapeEnv. Arithmetic on it stays symbolic; a comparison
+that decides something (`extent <= 64`) records a guard in the ShapeEnv, and the plan is valid only where its
+guards hold (runtime/plan.py checks them on each call), so a decision taken on the traced sizes can never
+reach a call it does not fit. Heuristic choices that are correct for every size (which parallel axis is the
+longest) read `hint`, the traced value, and add no guard. Generated code prints sizes with `source`, as
+expressions of the kernel's size arguments; the launch evaluates grids and buffer shapes with `value`.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Mapping
+
+import sympy
+import torch
+
+Size = int | torch.SymInt
+
+
+def symbolic(x: Any) -> bool:
+    """Whether x is a size that differs between the calls a plan serves."""
+    return isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)) and bool(x.node.expr.free_symbols)
+
+
+def hint(x: Any) -> Any:
+    """x's value in the traced call, without a guard: for choices every size would be correct with."""
+    if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        h = x.node.hint
+        return type(h)(h) if h is not None else x.node.require_hint()
+    return x
+
+
+def expr(x: Any) -> sympy.Expr:
+    return x.node.expr if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)) else sympy.sympify(x)
+
+
+def names(x: Any) -> set[str]:
+    """The size symbols x depends on."""
+    return {str(s) for s in expr(x).free_symbols} if symbolic(x) else set()
+
+
+def longer(extent: Size, bound: int) -> bool:
+    """extent > bound, taking a symbolic extent as longer: the branch for long axes is correct at any length."""
+    return True if symbolic(extent) else extent > bound
+
+
+def ceildiv(a: Size, b: Size) -> Size:
+    """ceil(a / b) for sizes, written so a symbolic one divides nonnegative operands only (Triton's `//`
+    truncates toward zero, Python's floors: they agree there)."""
+    return (a + b - 1) // b if symbolic(a) or symbolic(b) else -(-a // b)
+
+
+def value(x: Any, sizes: Mapping[str, int]) -> Any:
+    """x at the given values of its symbols (a call's sizes)."""
+    if not symbolic(x):
+        return hint(x)
+    v = expr(x).xreplace({s: sympy.Integer(sizes[str(s)]) for s in expr(x).free_symbols})
+    return int(v) if v.is_integer else float(v)
+
+
+_FUNCS = {"FloorDiv": "({0} // {1})", "Mod": "({0} % {1})", "PythonMod": "({0} % {1})",
+          "Max": "tl.maximum({0}, {1})", "Min": "tl.minimum({0}, {1})", "CeilDiv": "(({0} + {1} - 1) // {1})"}
+_PY = {**_FUNCS, "Max": "max({0}, {1})", "Min": "min({0}, {1})"}
+
+
+def source(x: Any) -> str:
+    """x as Triton source over the kernel's size arguments (their names are the symbols')."""
+    if not symbolic(x):
+        return repr(hint(x))
+    return _print(expr(x), _FUNCS)
+
+
+def python(x: Any) -> int | str:
+    """A static size as it is, a symbolic one as a Python expression of the size symbols (`evaluate` runs it)."""
+    return _print(expr(x), _PY) if symbolic(x) else hint(x)
+
+
+@functools.cache
+def _compiled(src: str) -> Any:
+    return compile(src, "<size>", "eval")
+
+
+def evaluate(x: int | str, sizes: Mapping[str, int]) -> int:
+    """A size `python` gave, at a call's sizes."""
+    return x if isinstance(x, int) else eval(_compiled(x), {"max": max, "min": min}, dict(sizes))
+
+
+_RELATIONS = {"Equality": "==", "Unequality": "!=", "StrictLessThan": "<", "LessThan": "<=",
+              "StrictGreaterThan": ">", "GreaterThan": ">="}
+_GUARD = {**_PY, "Abs": "abs({0})", "ToFloat": "float({0})", "Not": "(not {0})", "IntTrueDiv": "({0} / {1})",
+          "FloatTrueDiv": "({0} / {1})", "TruncToInt": "int({0})"}
+
+
+def guards(env: Any) -> str:
+    """The ShapeEnv's guards as one Python expression of the size symbols (`holds` evaluates it on a call)."""
+    return " and ".join(f"({_print(g.expr, _GUARD)})" for g in env.guards) or "True"
+
+
+def holds(src: str, sizes: Mapping[str, int]) -> bool:
+    return bool(eval(_compiled(src), {"abs": abs, "float": float, "int": int, "max": max, "min": min}, dict(sizes)))
+
+
+def _print(e: Any, funcs: Mapping[str, str]) -> str:
+    if e.is_Integer:
+        return str(int(e))
+    if e.is_Rational:
+        return f"({e.p} / {e.q})"
+    if e.is_Float:
+        return repr(float(e))
+    if e.is_Symbol:
+        return str(e)
+    if e.is_Add:
+        return "(" + " + ".join(_print(a, funcs) for a in e.args) + ")"
+    if e.is_Mul:
+        return "(" + " * ".join(_print(a, funcs) for a in e.args) + ")"
+    if e.is_Pow and e.exp.is_Integer and e.exp > 0:
+        return "(" + " * ".join([_print(e.base, funcs)] * int(e.exp)) + ")"
+    name = type(e).__name__
+    if e is sympy.true or e is sympy.false:
+        return str(bool(e))
+    if name in _RELATIONS:
+        return f"({_print(e.args[0], funcs)} {_RELATIONS[name]} {_print(e.args[1], funcs)})"
+    if name in ("And", "Or"):
+        return "(" + f" {name.lower()} ".join(_print(a, funcs) for a in e.args) + ")"
+    if name in ("Max", "Min") and len(e.args) > 2:
+        return _print(type(e)(e.args[0], type(e)(*e.args[1:])), funcs)
+    if name in funcs:
+        return funcs[name].format(*(_print(a, funcs) for a in e.args))
+    raise NotImplementedError(f"no Triton source for the size expression {e}")
+
+
+def pow2_bucket(n: int) -> int:
+    """The length bucket of n: the next power of two (a plan tunes once per bucket)."""
+    return 1 << max(0, math.ceil(math.log2(max(n, 1))))

@@ -1,0 +1,116 @@
+"""Shape-generic plans: one search serves every length its guards admit (issue #22's CPU part).
+
+The programs are written as Hugging Face and KV-cache code writes them: a causal mask whose diagonal follows
+kv_len - q_len, built with finfo.min or -inf inside the function, and statistics of the probabilities.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import flashtensor as ft
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def h2o_finfo(q, k, v):
+    """(B, H, S, D) attention with HF's finfo.min causal mask (offset for q_len < kv_len) and column sums."""
+    sq, sk = q.shape[-2], k.shape[-2]
+    s = torch.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(q.shape[-1])
+    mask = torch.full((sq, sk), torch.finfo(s.dtype).min).triu(sk - sq + 1)
+    p = F.softmax(s + mask, dim=-1, dtype=torch.float32)
+    return p @ v, p.sum(dim=-2)
+
+
+def _inputs(b, h, sq, sk, d=16, seed=0):
+    g = torch.Generator().manual_seed(seed + 1000 * sq + sk)
+    return [torch.randn(b, h, n, d, generator=g) for n in (sq, sk, sk)]
+
+
+def _check(fn, compiled, args, tol=2e-5):
+    for got, want in zip(compiled(*args), fn(*args)):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+
+
+def test_one_search_serves_every_length():
+    """dynamic=True: lengths that are and are not multiples of every tile, q_len < kv_len, batch 2 and 3, all
+    from the one plan the first call searched; fresh random inputs each call, checked against eager."""
+    fn = h2o_finfo
+    c = ft.compile(fn, dynamic=True)
+    shapes = [(2, 2, 64, 64), (2, 2, 17, 17), (3, 2, 100, 100), (2, 3, 130, 130), (2, 2, 16, 64), (3, 2, 40, 100)]
+    for k, (b, h, sq, sk) in enumerate(shapes):
+        _check(fn, c, _inputs(b, h, sq, sk, seed=k))
+    info = c.cache_info()
+    assert info["searches"] == 1 and info["generic"] == 1, info
+    assert info["hits"] == len(shapes) - 1, info
+    (prog,) = [p for ps in c.generic.values() for p in ps]
+    assert not prog.plan.eager and prog.kernels, prog.notes
+    assert all(k.sizes for k in prog.kernels)      # the kernels take the lengths as arguments
+
+
+def test_generic_after_a_second_length():
+    """By default the first call plans for its shapes; a second length of the same program plans once more,
+    generic in the dimensions that changed, and every later length reuses that plan."""
+    c = ft.compile(h2o_finfo)
+    for k, s in enumerate((64, 48, 100, 130, 17)):
+        _check(h2o_finfo, c, _inputs(1, 1, s, s, seed=k))
+    info = c.cache_info()
+    assert info["searches"] == 2 and info["plans"] == 2 and info["generic"] == 1, info
+    assert info["hits"] == 3, info
+
+
+def test_guards_keep_a_plan_to_the_sizes_it_serves():
+    """A plan traced with q_len <= kv_len does not serve q_len > kv_len (its causal mask's skipped tiles assume
+    it): that call plans again and matches eager, as does a single query (decode), which torch's own
+    matmul decomposition specialises."""
+    c = ft.compile(h2o_finfo, dynamic=True)
+    _check(h2o_finfo, c, _inputs(2, 2, 32, 64))
+    _check(h2o_finfo, c, _inputs(2, 2, 80, 40))
+    _check(h2o_finfo, c, _inputs(2, 2, 1, 50))
+    assert c.cache_info()["searches"] == 3
+
+
+def test_static_option_never_generic():
+    c = ft.compile(h2o_finfo, dynamic=False)
+    for s in (32, 48, 64):
+        _check(h2o_finfo, c, _inputs(1, 1, s, s))
+    assert c.cache_info()["generic"] == 0 and c.cache_info()["searches"] == 3
+
+
+_CHILD = """
+import json, sys, torch
+sys.path.insert(0, {tests!r})
+import flashtensor as ft
+from test_generic import _inputs, h2o_finfo
+c = ft.compile(h2o_finfo, dynamic=True)
+for s in {lengths!r}:
+    args = _inputs(2, 2, s, s)
+    for got, want in zip(c(*args), h2o_finfo(*args)):
+        torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+print(json.dumps(c.cache_info()))
+"""
+
+
+def test_second_process_reuses_the_generic_plan(tmp_path):
+    """The generic plan goes to the on-disk cache under the program's structure and the length bucket; a new
+    process with a length in that bucket loads it and searches nothing."""
+    env = {**os.environ, "FLASHTENSOR_CACHE_DIR": str(tmp_path), "FLASHTENSOR_CACHE": "1", "TRITON_INTERPRET": "1"}
+
+    def child(lengths):
+        code = _CHILD.format(tests=os.path.join(ROOT, "tests"), lengths=lengths)
+        out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
+                             timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    first = child([100, 40])
+    assert first["searches"] == 1, first
+    again = child([120, 40])      # 120: the bucket of 100 (128)
+    assert again["searches"] == 0 and again["tunes"] == 0 and again["generic"] == 1, again
