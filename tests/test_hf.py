@@ -1,0 +1,128 @@
+"""Hugging Face models on FlashTensor (flashtensor.integrations), end to end on the CPU: tiny
+randomly initialised Llama, Qwen3 and Gemma2 models (2 layers, hidden 64, 4 query heads on 2 KV heads, head_dim
+16; Gemma2 with a sliding window of 8 and a soft-cap of 2) on a left-padded batch of 2 fresh random prompts of 24
+tokens. Every compiled program must have run generated kernels, not a fallback."""
+import copy
+
+import pytest
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    Gemma2Config,
+    LlamaConfig,
+    PreTrainedModel,
+    Qwen3Config,
+)
+
+from conftest import assert_close
+from flashtensor.integrations import transformers as ft_hf
+from flashtensor.testing import compare_with_exact
+
+S, PAD, VOCAB, LAYERS = 24, 6, 128, 2
+# initializer_range 0.2 (not 0.02) so the attention is peaked, not nearly uniform
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, vocab_size=VOCAB, max_position_embeddings=64, initializer_range=0.2)
+CONFIGS = {
+    "llama": lambda: LlamaConfig(**TINY),
+    "qwen3": lambda: Qwen3Config(**TINY),
+    "gemma2": lambda: Gemma2Config(**TINY, sliding_window=8, query_pre_attn_scalar=16, attn_logit_softcapping=2.0,
+                                   final_logit_softcapping=30.0),
+}
+
+
+def _models(name: str, *implementations: str) -> list[PreTrainedModel]:
+    """One randomly initialised model per attention implementation, all with the same weights."""
+    first = AutoModelForCausalLM.from_config(CONFIGS[name](), attn_implementation=implementations[0]).eval()
+    rest = [AutoModelForCausalLM.from_config(CONFIGS[name](), attn_implementation=i).eval() for i in implementations[1:]]
+    for m in rest:
+        m.load_state_dict(first.state_dict())
+    return [first, *rest]
+
+
+def _prompts() -> tuple[torch.Tensor, torch.Tensor]:
+    """Random token ids (2, S) and their attention mask, the second row left-padded by PAD tokens."""
+    ids = torch.randint(0, VOCAB, (2, S))
+    mask = torch.ones(2, S, dtype=torch.long)
+    mask[1, :PAD] = 0
+    return ids, mask
+
+
+def _assert_fused(*statistics) -> None:
+    """The compiled programs that compute these statistics (and every other one) planned generated kernels for each
+    signature they met: none fell back to eager."""
+    used = [c for key, c in ft_hf.programs.items() if set(statistics) <= set(key)]
+    assert used and all(c.programs for c in used), list(ft_hf.programs)
+    for c in used:
+        for prog in c.programs.values():
+            assert not prog.plan.eager and prog.launches, prog.notes
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_logits_and_generated_tokens_match_eager(name):
+    """Every attention layer runs the compiled program: logits within 1e-4 of eager's (fp32, docs/design.md §6).
+    `generate` gives eager's tokens: its prefill compiled, its decode steps (q_len 1) the program in eager."""
+    flash, eager = _models(name, ft_hf.NAME, "eager")
+    ids, mask = _prompts()
+    before = copy.copy(ft_hf.calls)
+    with torch.no_grad():
+        out, ref = flash(ids, attention_mask=mask).logits, eager(ids, attention_mask=mask).logits
+        assert ft_hf.calls["compiled"] - before["compiled"] == LAYERS
+        assert_close(out, ref)
+        tokens, ref_tokens = (m.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0)
+                              for m in (flash, eager))
+    assert torch.equal(tokens, ref_tokens)
+    assert ft_hf.calls["compiled"] - before["compiled"] == 2 * LAYERS
+    assert ft_hf.calls["eager"] - before["eager"] == 2 * LAYERS
+    _assert_fused()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_logits_are_as_close_to_float64_as_eagers(dtype):
+    """fp16 and bf16 models: within 2e-3 of eager's logits or no farther than eager from the float64 model's
+    (flashtensor.testing.compare_with_exact)."""
+    flash, eager, exact = _models("llama", ft_hf.NAME, "eager", "eager")
+    ids, mask = _prompts()
+    with torch.no_grad():
+        out = flash.to(dtype)(ids, attention_mask=mask).logits
+        ref = eager.to(dtype)(ids, attention_mask=mask).logits
+        x = exact.double()(ids, attention_mask=mask).logits
+    m = compare_with_exact(out, ref, x)
+    assert m.ok, m.problem
+    _assert_fused()
+
+
+def _column_sums(p):
+    return p.sum(dim=-2)
+
+
+def _per_kv_head(p):
+    """Column sums averaged over each KV head's group of query heads (kvpress's GQA scores)."""
+    return p.unflatten(1, (2, -1)).mean(2).sum(dim=-2)
+
+
+def _counts(p):
+    return (p > 0.1).sum(dim=-2)
+
+
+def test_statistics_match_eagers_attention_weights():
+    """Three statistics of P from two nested blocks (two presses would nest so) in one compiled call per layer,
+    against the same functions of eager's attention weights (output_attentions=True, which the FlashTensor
+    implementation answers in eager PyTorch too)."""
+    flash, eager = _models("llama", "sdpa", "eager")
+    ids, mask = _prompts()
+    before = ft_hf.calls["compiled"]
+    with torch.no_grad():
+        with ft_hf.attention_statistics(flash, sums=_column_sums) as outer, \
+                ft_hf.attention_statistics(flash, per_kv_head=_per_kv_head, counts=_counts) as inner:
+            assert flash.config._attn_implementation == ft_hf.NAME
+            flash(ids, attention_mask=mask)
+        assert flash.config._attn_implementation == "sdpa"
+        assert ft_hf.calls["compiled"] - before == LAYERS
+        ref = eager(ids, attention_mask=mask, output_attentions=True).attentions
+        flash.set_attn_implementation(ft_hf.NAME)
+        weights = flash(ids, attention_mask=mask, output_attentions=True).attentions
+    for layer, p in enumerate(ref):
+        got = (outer[layer]["sums"], inner[layer]["per_kv_head"], inner[layer]["counts"])
+        assert_close(got, (_column_sums(p), _per_kv_head(p), _counts(p)))
+        assert_close(weights[layer], p)
+    _assert_fused(_column_sums, _per_kv_head, _counts)
