@@ -3,6 +3,9 @@ randomly initialised Llama, Qwen3 and Gemma2 models (2 layers, hidden 64, 4 quer
 16; Gemma2 with a sliding window of 8 and a soft-cap of 2) on a left-padded batch of 2 fresh random prompts of 24
 tokens. Every compiled program must have run generated kernels, not a fallback."""
 import copy
+import runpy
+import sys
+from pathlib import Path
 
 import kvpress
 import pytest
@@ -231,3 +234,11 @@ def test_press_keeps_eagers_keys_and_tokens(name, press, monkeypatch):
         _assert_same_choice(ref_scores[layer], scores[layer], n)
     assert torch.equal(tokens, ref_tokens)
     _assert_fused(ours.statistic())
+
+
+def test_the_example_compresses_the_cache(monkeypatch, capsys):
+    """examples/h2o_kvpress.py as written: H2O keeps half of the tiny model's 32-token prompt, and decoding the
+    second new token adds one."""
+    monkeypatch.setattr(sys, "argv", ["h2o_kvpress.py", "--new-tokens", "2"])
+    runpy.run_path(str(Path(__file__).parents[1] / "examples" / "h2o_kvpress.py"), run_name="__main__")
+    assert "prompt: 32 tokens; cache after generation: 17 tokens per layer" in capsys.readouterr().out
