@@ -21,7 +21,7 @@ LAYERS = [
     {"driver"},
     {"api"},
     {"__init__"},
-    {"bench", "cli", "__main__"},
+    {"bench", "cli", "__main__", "integrations"},
 ]
 LAYER = {name: k for k, names in enumerate(LAYERS) for name in names}
 

@@ -176,6 +176,23 @@ def test_left_padding_masks_whole_rows_and_matches_eager(fill, dtype):
     assert len(skipped) == 1 and " and " not in skipped[0], skipped
 
 
+def _with_mask_input(q, k, v, mask):
+    s = q @ k.transpose(-1, -2) / math.sqrt(D) + mask
+    return torch.softmax(s.float(), dim=-1).to(q.dtype) @ v
+
+
+def test_an_fp16_mask_input_rounds_fully_masked_rows_as_eager():
+    """transformers' eager attention adds its (B, 1, S, S) mask as an input of the model's dtype, finfo.min where a
+    key is masked. fp16 rounds s + finfo.min to -65504, so a left-padded query row, which sees no key, is uniform
+    over every key; the kernels round that sum too (in float32 s's differences survive: 0.5 off on those rows).
+    bf16's finfo.min absorbs s in float32 as well."""
+    q, k, v = _inputs(torch.float16, 5)
+    keep = torch.ones(B, 1, S, S, dtype=torch.bool).tril()
+    keep[0, ..., :20] = False                                   # batch 0: keys 0..19 padded, rows 0..19 see none
+    mask = torch.where(keep, 0.0, torch.finfo(torch.float16).min).half()
+    _check(_with_mask_input, [q, k, v, mask])
+
+
 # ---- disjunctions: attention sinks and a sliding window ---------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

@@ -8,7 +8,7 @@ decides a result, and the kernels reproduce it, in three places:
   infs are eager's, a log of them); bf16's coarser rounding at other points than eager's costs more there
   than it buys, so only fp16 makes a plan faithful;
 - in every plan, a cast of an input that rounds (ir.loops.rounds_input) and a half sum with a huge finite mask
-  constant (`rounds_sum`);
+  constant or a half input (`rounds_sum`);
 - in every plan, the values `decide` marks (`ROUNDS`): a half value whose zero decides a result (the operand
   cone of a log, a reciprocal or a square root: fp16(p + 1e-9) is 0 where p underflowed, and log gives -inf),
   and an fp16 value that may overflow where float32 would not (analysis/ranges.py: s * s, s / 1e-3).
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..ir.loops import ROUNDS, LNode, LoopGraph, rounds_input
+from ..ir.loops import ROUNDS, LNode, LoopGraph, read_input, rounds_input
 from .facts import narrowed_inputs
 from .ranges import Ranges, overflows
 
@@ -62,9 +62,11 @@ def _mask_like(x: object, dtype: torch.dtype) -> bool:
 
 
 def rounds_sum(n: LNode) -> bool:
-    """A half-precision sum with an additive mask of large constants: eager rounds s + finfo(fp16).min to -65504,
-    which makes a fully masked row uniform, while float32 keeps s's differences. Rounded in every plan."""
-    return n.dtype in _HALF and n.op in ("add", "sub") and any(_mask_like(a, n.dtype) for a in n.args)
+    """A half-precision sum with an additive mask of large constants, or with a half input, whose values may be one
+    (transformers passes its mask so): eager rounds s + finfo(fp16).min to -65504, which makes a fully masked row
+    uniform, while float32 keeps s's differences. Rounded in every plan."""
+    return n.dtype in _HALF and n.op in ("add", "sub") and \
+        any(_mask_like(a, n.dtype) or (read_input(a) is not None and a.dtype in _HALF) for a in n.args)
 
 
 # a zero argument makes these infinite, or infinitely steep: log(0) = -inf, 1 / 0 = inf, sqrt(1e-9) = 3e-5
