@@ -114,3 +114,41 @@ def test_second_process_reuses_the_generic_plan(tmp_path):
     assert first["searches"] == 1, first
     again = child([120, 40])      # 120: the bucket of 100 (128)
     assert again["searches"] == 0 and again["tunes"] == 0 and again["generic"] == 1, again
+
+
+def test_torch_compile_backend_takes_dynamos_symbolic_sizes(monkeypatch):
+    """torch.compile recompiles once, for a second length, with the sizes as SymInt arguments; the backend reads
+    them off the tensors and plans once, generic in Dynamo's symbolic dimensions, for every later length."""
+    import torch._dynamo
+
+    from flashtensor.api import backend
+
+    made = []
+    real = backend.ft_compile
+
+    def spy(fn, **options):
+        made.append(real(fn, **options))
+        return made[-1]
+    monkeypatch.setattr(backend, "ft_compile", spy)
+    torch._dynamo.reset()
+    f = torch.compile(h2o_finfo, backend="flashtensor")
+    for k, s in enumerate((64, 100, 130, 48, 17)):
+        args = _inputs(2, 2, s, s, seed=k)
+        for got, want in zip(f(*args), h2o_finfo(*args)):
+            torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+    assert len(made) == 2            # Dynamo's static graph, then its dynamic one
+    assert made[1].dims              # the dynamic graph's compiled callable is generic in Dynamo's dimensions
+    info = made[1].cache_info()
+    assert info["searches"] == 1 and info["generic"] == 1 and info["hits"] == 3, info
+    torch._dynamo.reset()
+
+
+def test_explain_names_the_generic_sizes():
+    c = ft.compile(h2o_finfo, dynamic=True)
+    args = _inputs(2, 2, 24, 40)
+    report = ft.explain(c, *args)
+    assert set(report.generic.values()) >= {"input 0 dim 2", "input 1 dim 2"}
+    assert "== generic sizes ==" in str(report)
+    sizes = {n: a.shape[int(w.split()[3])] for n, w in report.generic.items() for a in [args[int(w.split()[1])]]}
+    from flashtensor.ir.sizes import holds
+    assert holds(report.guards, sizes)

@@ -18,15 +18,50 @@ NAME = "flashtensor"
 
 def flashtensor_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> Callable:
     """`ft.compile` of the graph. Tensors that require grad make it run the graph eagerly (api/compiled.py), which
-    is what Dynamo, handing over a graph without AOTAutograd, needs for autograd to record it."""
+    is what Dynamo, handing over a graph without AOTAutograd, needs for autograd to record it. A graph Dynamo
+    made shape-generic takes its sizes as SymInt arguments: they are read off the tensors instead, and the plan
+    is generic in the dimensions Dynamo made symbolic, so a new length reuses it."""
     numbers = _numbers(gm)
-    compiled = ft_compile(gm.forward)
-    if not numbers:
+    sizes, dims = _sizes(gm)
+    if sizes:
+        tensors = [i for i in range(len(example_inputs)) if i not in sizes]
+
+        def of_tensors(*ts: Any) -> Any:
+            full: list[Any] = [None] * (len(ts) + len(sizes))
+            for i, t in zip(tensors, ts):
+                full[i] = t
+            for i, (j, d) in sizes.items():
+                full[i] = full[j].shape[d]
+            return gm(*full)
+        of_tensors.__name__ = "forward"
+        compiled = ft_compile(of_tensors)
+        compiled.dims = frozenset((tensors.index(j), d) for j, d in dims)
+    else:
+        compiled = ft_compile(gm.forward)
+    if not numbers and not sizes:
         return compiled
 
     def run(*args: Any) -> Any:
-        return compiled(*(a.item() if i in numbers else a for i, a in enumerate(args)))
+        return compiled(*(a.item() if i in numbers else a for i, a in enumerate(args) if i not in sizes))
     return run
+
+
+def _sizes(gm: torch.fx.GraphModule) -> tuple[dict[int, tuple[int, int]], set[tuple[int, int]]]:
+    """Dynamo's size arguments, each as the (input, dimension) whose size it is, and the symbolic dimensions of
+    the tensor inputs (both by placeholder position; empty for a graph with static shapes)."""
+    places = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    where: dict[str, tuple[int, int]] = {}
+    dims: set[tuple[int, int]] = set()
+    for i, p in enumerate(places):
+        v = p.meta.get("example_value")
+        if isinstance(v, torch.Tensor):
+            for d, s in enumerate(v.shape):
+                if isinstance(s, torch.SymInt) and s.node.expr.free_symbols:
+                    where.setdefault(str(s.node.expr), (i, d))
+                    dims.add((i, d))
+    sizes = {i: where[str(v.node.expr)] for i, p in enumerate(places)
+             if isinstance(v := p.meta.get("example_value"), torch.SymInt) and str(v.node.expr) in where}
+    return sizes, dims
 
 
 def _numbers(gm: torch.fx.GraphModule) -> frozenset[int]:

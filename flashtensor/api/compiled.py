@@ -32,6 +32,7 @@ class Compiled:
         # per program: the tensors the plan baked in, with their versions then, and whether any requires grad
         self._baked: dict[int, tuple[list[tuple[torch.Tensor, int]], bool]] = {}
         self._counts = {"searches": 0, "tunes": 0, "hits": 0, "misses": 0}
+        self.dims: Optional[frozenset[tuple[int, int]]] = None    # the dimensions to be generic in, where known
         self._guards = Guards(fn)
         self.warned: set[str] = set()      # notes warned about: one FallbackWarning each per callable
         self._lock = threading.Lock()
@@ -121,6 +122,8 @@ class Compiled:
         tensors = [(i, tuple(a.shape)) for i, a in enumerate(call.leaves) if isinstance(a, torch.Tensor)]
         if self.options.dynamic is False:
             return frozenset()
+        if self.dims is not None:       # Dynamo's symbolic dimensions (api/backend.py)
+            return self.dims
         if self.options.dynamic:
             return frozenset((i, d) for i, shape in tensors for d in range(len(shape) - 1))
         first = self._first.setdefault(self._guards.key(call, shapes=False), [s for _, s in tensors])

@@ -55,12 +55,19 @@ class Report:
             self.kernels.append(KernelInfo(k.name, k.source, k.grid, ins, outs, k.num_warps, k.num_stages, k.blocks))
         self.properties = [KernelProperties(k.name, **props)
                            for k, props in zip(plan.kernels, plan.summary.get("properties", []))]
+        # a shape-generic plan: each size symbol its kernels take, as "input i dim d", and where the plan holds
+        self.generic: dict[str, str] = {name: f"input {i} dim {d}"
+                                        for name, (i, d) in plan.entry.get("sizes", {}).items()}
+        self.guards: str = plan.entry.get("guards", "True")
 
     def __str__(self) -> str:
         p = self.plan
         parts = ["== captured graph ==", str(p.captured), "", "== decomposed graph ==", str(p.decomposed)]
         if "loop form" in p.summary:
             parts += ["", "== loop form ==", p.summary["loop form"]]
+        if self.generic:
+            parts += ["", "== generic sizes ==", ", ".join(f"{n}: {w}" for n, w in self.generic.items()),
+                      f"holds where: {self.guards}"]
         for k, src, props in zip(self.kernels, p.kernels, self.properties):
             parts += ["", f"== kernel {k.name}: grid {k.grid}, {src.config} =="]
             parts += ["roles:"] + [f"  {r}" for r in props.roles]
