@@ -241,6 +241,34 @@ def build(fn: Callable, args: list[Any], options: Options = Options(), warned: O
     return program()
 
 
+def retune(prog: Program, args: list[Any], options: Options) -> Optional[Program]:
+    """A shape-generic program whose kernels are tuned again for the length bucket of `args`, its search reused
+    (the first call in a bucket tunes, later ones launch), and the new entry cached under that bucket; None
+    where the program was read from the cache (no search to reuse) or emitting would specialise a size."""
+    plan = prog.plan
+    if "emit" not in plan.stages or not prog.generic:
+        return None
+    tensors = [args[i] for i in prog.tensor_positions]
+    now = prog.sizes(tensors)
+    env = plan.captured.shape_env
+    guards = len(env.guards)
+    chosen = plan.stages["tune"][0]
+    bufs = input_buffers(tensors + prog.consts, now)
+    launches = []
+    for spec in plan.stages["emit"][chosen]:
+        la = tune(dataclasses.replace(spec, sizes=now), options.configs, bufs, prog.device)
+        la(bufs)
+        launches.append(la)
+    if len(env.guards) != guards:
+        log.debug("emitting for bucket %s specialised a size; planning anew", sizes.bucket(now))
+        return None
+    kernels = with_plain_keys([la.source for la in launches], _buffer_keys(plan.stages["rewrites"]))
+    entry = {**plan.entry, "kernels": [encode_kernel(k) for k in kernels], "bucket": list(sizes.bucket(now))}
+    if options.cache and knobs.cache():
+        plan_cache.store(plan_cache.key(plan.decomposed, args, options.key(), sizes.bucket(now)), entry)
+    return Program(Plan(plan.stages, entry), prog.tensor_positions, prog.device, prog.fn, prog.compile_remainder)
+
+
 def _priced(plan: Plan, entry: dict, program: Callable[[], Program], fn: Callable, args: list[Any],
             measure: Callable[[Callable[[], Any]], float]) -> dict:
     """The searched entry, or an eager one where the user's own function is faster on this call's inputs (timed on
@@ -312,7 +340,7 @@ def _device(example: Sequence[torch.Tensor]) -> torch.device:
 def _plan(plan: Plan, call: Call, args: list[Any], use_cache: bool, price: Callable[[dict], dict]) -> None:
     """The plan's entry: from the plan cache when it has it, else by searching (priced against eager on a GPU),
     then cached."""
-    bucket = tuple(sorted((n, sizes.pow2_bucket(v)) for n, v in call.sizes(plan.captured).items()))
+    bucket = sizes.bucket(call.sizes(plan.captured))
     key = plan_cache.key(plan.decomposed, args, call.options.key(), bucket) if use_cache else None
     entry = plan_cache.load(key) if key else None
     plan.cached = entry is not None
@@ -344,6 +372,7 @@ def _search(plan: Plan, call: Call) -> tuple[dict, bool]:
     g = plan.captured
     return {"eager": False, "kernels": [encode_kernel(k) for k in kernels],
             "sizes": dict(g.size_sources), "guards": sizes.guards(g.shape_env) if g.shape_env else "True",
+            "bucket": list(sizes.bucket(call.sizes(g))),
             "consts": [c.cpu() for c in plan.stages["constants"]],
             "results": [(n.name, ("out", i)) for i, n in enumerate(fused.outputs)], "notes": [],
             "summary": summary}, True

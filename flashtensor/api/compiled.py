@@ -8,8 +8,10 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from ..driver import FallbackWarning, build
+from ..driver import FallbackWarning, build, retune
+from ..ir.sizes import bucket
 from ..options import Options
+from ..runtime.autotune import timed
 from ..runtime.plan import Program
 from .guards import Call, Guards, name_of, version
 
@@ -68,14 +70,27 @@ class Compiled:
         generic = sum(len(ps) for ps in self.generic.values())
         return {**self._counts, "plans": len(self.programs) + generic, "generic": generic}
 
-    def _held(self, call: Call) -> Optional[Program]:
+    def _held(self, call: Call, tune: bool = False) -> Optional[Program]:
+        """The program held for this call: the one for its exact key, or a generic one whose guards admit it, tuned
+        for its length bucket where the device times kernels. With `tune`, a generic program tuned for another
+        bucket is tuned again for this one (driver.retune: its search reused)."""
         prog = self.programs.get(self._guards.key(call))
         if prog is not None and self._fresh(prog):
             return prog
-        for prog in self.generic.get(self._guards.key(call, shapes=False), []):
-            if prog.fits(call.leaves) and self._fresh(prog):
-                return prog
-        return None
+        held = self.generic.get(self._guards.key(call, shapes=False), [])
+        fitting = [p for p in held if p.fits(call.leaves) and self._fresh(p)]
+        if not fitting or not timed(fitting[0].device):
+            return fitting[0] if fitting else None
+        now = bucket(fitting[0].sizes([call.leaves[i] for i in fitting[0].tensor_positions]))
+        same = [p for p in fitting if p.bucket == now]
+        if same or not tune:
+            return same[0] if same else None
+        prog = retune(fitting[0], call.leaves, self.options)
+        if prog is not None:
+            self._counts["tunes"] += 1
+            self._baked[id(prog)] = self._baked[id(fitting[0])]
+            held.append(prog)
+        return prog
 
     def _plan(self, call: Call) -> tuple[Program, bool]:
         """The program for `call` and whether a tensor it baked in requires grad. A miss walks the function again
@@ -87,7 +102,7 @@ class Compiled:
         with self._lock:
             self._guards.refresh()
             key = self._guards.key(call)
-            prog = self._held(call)
+            prog = self._held(call, tune=True)
             if prog is None:
                 self._counts["misses"] += 1
                 prog = self._build(call, key)

@@ -131,6 +131,11 @@ def _print(e: Any, funcs: Mapping[str, str]) -> str:
     raise NotImplementedError(f"no Triton source for the size expression {e}")
 
 
+def bucket(sizes: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
+    """The length bucket of a call's sizes: each symbol's next power of two."""
+    return tuple(sorted((name, pow2_bucket(v)) for name, v in sizes.items()))
+
+
 def pow2_bucket(n: int) -> int:
     """The length bucket of n: the next power of two (a plan tunes once per bucket)."""
     return 1 << max(0, math.ceil(math.log2(max(n, 1))))

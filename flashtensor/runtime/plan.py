@@ -73,8 +73,11 @@ class Program:
         self.launches = [Launch(k, load_kernel(k)) for k in self.kernels]
         self.results: list[tuple[Node, tuple]] = [(nodes[name], k) for name, k in plan.entry.get("results", [])]
         self.remainder = None if plan.eager else Remainder(g, [n for n, _ in self.results], compile_remainder)
+        self.device = device
+        self.compile_remainder = compile_remainder
         self.size_sources: dict[str, tuple[int, int]] = plan.entry.get("sizes", {})
         self.guards: str = plan.entry.get("guards", "True")
+        self.bucket: tuple = tuple(tuple(b) for b in plan.entry.get("bucket", ()))   # the tuned bucket
 
     @property
     def generic(self) -> bool:
