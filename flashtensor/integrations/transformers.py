@@ -32,9 +32,9 @@ eager attention weights are; it returns a tensor (or a pytree of tensors) much s
 
 DECODE_RATIO = 8
 """Calls whose kv length is at least DECODE_RATIO times their query length (decode steps, a short question after a
-long context) run the same program in eager PyTorch, statistics included (their P is q_len x kv_len, small): plans
-are specialised to exact shapes today, so compiling them would plan anew at every step. The one place that decides
-it is `_fused`; shape-generic plans will let these calls run the compiled program too."""
+long context) run the same program in eager PyTorch, statistics included (their P is q_len x kv_len, small): until
+the key loop is split across programs (docs/design.md §7) their plan fills only batch x heads programs of a GPU.
+The one place that decides it is `_fused`."""
 
 calls: collections.Counter[str] = collections.Counter()
 """Attention calls by how they ran: "compiled" (through `ft.compile`) and "eager" (see `_fused`)."""
