@@ -40,11 +40,13 @@ def _check(fn, compiled, args, tol=2e-5):
 
 
 def test_one_search_serves_every_length():
-    """dynamic=True: lengths that are and are not multiples of every tile, q_len < kv_len, batch 2 and 3, all
-    from the one plan the first call searched; fresh random inputs each call, checked against eager."""
+    """dynamic=True: lengths that are and are not multiples of every tile, q_len 1 (decode) and q_len < kv_len,
+    batch and head counts 1 and 3, all from the one plan the first call searched; fresh random inputs each call,
+    checked against eager."""
     fn = h2o_finfo
     c = ft.compile(fn, dynamic=True)
-    shapes = [(2, 2, 64, 64), (2, 2, 17, 17), (3, 2, 100, 100), (2, 3, 130, 130), (2, 2, 16, 64), (3, 2, 40, 100)]
+    shapes = [(1, 2, 64, 64), (3, 2, 17, 17), (1, 1, 1, 50), (3, 2, 100, 100), (2, 3, 130, 130), (1, 2, 16, 64),
+              (3, 1, 40, 100)]
     for k, (b, h, sq, sk) in enumerate(shapes):
         _check(fn, c, _inputs(b, h, sq, sk, seed=k))
     info = c.cache_info()
@@ -68,13 +70,12 @@ def test_generic_after_a_second_length():
 
 def test_guards_keep_a_plan_to_the_sizes_it_serves():
     """A plan traced with q_len <= kv_len does not serve q_len > kv_len (its causal mask's skipped tiles assume
-    it): that call plans again and matches eager, as does a single query (decode), which torch's own
-    matmul decomposition specialises."""
+    it): that call plans again, and both match eager."""
     c = ft.compile(h2o_finfo, dynamic=True)
     _check(h2o_finfo, c, _inputs(2, 2, 32, 64))
     _check(h2o_finfo, c, _inputs(2, 2, 80, 40))
     _check(h2o_finfo, c, _inputs(2, 2, 1, 50))
-    assert c.cache_info()["searches"] == 3
+    assert c.cache_info()["searches"] == 2
 
 
 def test_static_option_never_generic():

@@ -14,6 +14,7 @@ import torch
 
 from ..analysis.facts import IDENTITY, exact_sum
 from ..ir.loops import LNode, LOutput, Var, outside, read_input
+from ..ir.sizes import source
 from ..schedule.schedule import Factor, ScheduleError
 from . import check, forms
 from .body import Body
@@ -66,7 +67,7 @@ class Emitter(Tiles):
             shape, dtype = self.inputs[n.attrs["input"]]
             buf = self.buffer(("in", n.attrs["input"]), shape, dtype, "input")
             strides = contig(shape)
-            off = " + ".join(f"{self.affine(e, tv)} * {st}" for e, st in zip(n.attrs["index"], strides)) or "0"
+            off = " + ".join(f"{self.affine(e, tv)} * {source(st)}" for e, st in zip(n.attrs["index"], strides)) or "0"
             mask = self.load_mask(n, tv)
             lines.append(f"{out}_raw = tl.load({buf} + {off}" + (f", mask={mask}, other=0)" if mask else ")"))
             if self.checks.get(n.attrs["input"], (None,))[0] is n:
@@ -169,7 +170,8 @@ class Emitter(Tiles):
         xt = self.tvars(x)
         e = self.arg(x, xt, ctx)
         if self.padded(v):
-            e = f"tl.where({self.idx(v, xt)} < {v.extent}, {e}, {lit(IDENTITY[kind]) if kind != 'any' else '0'})"
+            fill = lit(IDENTITY[kind]) if kind != "any" else "0"
+            e = f"tl.where({self.idx(v, xt)} < {source(v.extent)}, {e}, {fill})"
         if kind == "any":
             lines.append(f"{out} = tl.max(({e} != 0).to(tl.int32), axis={xt.index(v)}) != 0")
         elif kind == "sum":
@@ -216,7 +218,7 @@ class Emitter(Tiles):
             if _literal(expr):      # a constant the region's facts give (0 in a folded tile): a tile, which `.to` needs
                 expr = f"tl.full(({shape}), {expr}, tl.float32)"
             if mask_loop or (self.padded(k) and k is not self.s.loop):
-                expr = f"tl.where({self.idx(k, canon)} < {k.extent}, {expr}, 0.0)"
+                expr = f"tl.where({self.idx(k, canon)} < {source(k.extent)}, {expr}, 0.0)"
             if prec:
                 expr = f"({expr}).to({TL[prec]})"
             elif any(isinstance(f, LNode) and f.dtype == torch.bfloat16 for f, _ in a + b):
@@ -248,7 +250,7 @@ class Emitter(Tiles):
             if not set(r.vars) <= set(strides):
                 raise ScheduleError("an output is broadcast along a variable its value does not depend on")
         dtype = self.bufs[r if out is None else out].dtype
-        off = " + ".join(f"{self.idx(v, tv)} * {strides[v]}" for v in r.vars) or "0"
+        off = " + ".join(f"{self.idx(v, tv)} * {source(strides[v])}" for v in r.vars) or "0"
         mask = self.range_mask(tv)
         val = e if tv or e.isidentifier() else f"tl.full([], {e}, tl.float32)"
         val = f"{val}.to({TL[dtype]})"
@@ -259,9 +261,9 @@ class Emitter(Tiles):
         # tile is stored once per value of theirs
         indent = ""
         for v in (v for v in strides if v not in r.vars):
-            ctx.lines.append(f"{indent}for r_{v} in range({v.extent}):")
+            ctx.lines.append(f"{indent}for r_{v} in range({source(v.extent)}):")
             indent += "    "
-            off += f" + r_{v} * {strides[v]}"
+            off += f" + r_{v} * {source(strides[v])}"
         ctx.lines.append(f"{indent}tl.store({buf} + {off}, {val}" + (f", mask={mask})" if mask else ")"))
 
     def product(self, factors, tv: list[Var], ctx, lines: list[str]) -> str:

@@ -32,11 +32,11 @@ def segments(em: Tiles) -> list[tuple[str, str, frozenset, bool]]:
     s, L = em.s, em.s.loop
     assert L is not None    # kernels without a loop have no segments
     if s.stepped:           # one value per step, every value: one segment without bounds tests
-        em.pre += ["lo = 0", f"hi = {L.extent}"]
+        em.pre += ["lo = 0", f"hi = {source(L.extent)}"]
         return [("lo", "hi", frozenset(), False)]
     bl = em.blk[L]
-    lo, hi = ["0"], [str(L.extent)]
-    ulo, uhi = ["0"], [str((L.extent // bl) * bl)]
+    lo, hi = ["0"], [source(L.extent)]
+    ulo, uhi = ["0"], [source((L.extent // bl) * bl)]
     live: set[Affine] = set()
     gap = None
     for reg in s.skip:
@@ -60,10 +60,10 @@ def segments(em: Tiles) -> list[tuple[str, str, frozenset, bool]]:
         # skipping and constant folding rely on finite inputs (x + -inf = -inf): `fin` is 0 in the fixup
         # pass, where every tile is computed, predicated, as eager computes it (see emit_kernel)
         em.pre.append(f"lo = {_fold('tl.maximum', lo)} * fin")
-        em.pre.append(f"hi = {L.extent} - ({L.extent} - {_fold('tl.minimum', hi)}) * fin")
+        em.pre.append(f"hi = {source(L.extent)} - ({source(L.extent)} - {_fold('tl.minimum', hi)}) * fin")
     else:
         em.pre.append("lo = 0")
-        em.pre.append(f"hi = {L.extent}")
+        em.pre.append(f"hi = {source(L.extent)}")
     pieces = [("lo", "hi", ulo, uhi, live)]
     if gap is not None:
         ups, downs, rows = gap
@@ -127,9 +127,10 @@ def _span(em: Tiles, h: Affine) -> tuple[int, str, str]:
     row, loop = em.s.row, em.s.loop
     assert loop is not None
     if row is None or not (cr := h.coeff(row)):
-        return h.coeff(loop), str(h.const), str(h.const)
+        return h.coeff(loop), source(h.const), source(h.const)
     a, b = f"{cr} * r0", f"{cr} * (r0 + {em.blk[row] - 1})"
-    return h.coeff(loop), f"(tl.minimum({a}, {b}) + {h.const})", f"(tl.maximum({a}, {b}) + {h.const})"
+    c = source(h.const)
+    return h.coeff(loop), f"(tl.minimum({a}, {b}) + {c})", f"(tl.maximum({a}, {b}) + {c})"
 
 
 def _fold(fn: str, xs: list[str]) -> str:
@@ -150,7 +151,7 @@ def loop_body(em: Emitter, ctx: Body, accs: list[Accum], running: dict) -> None:
             base, scale = forms.scaled(em, x, ctx)
             e = em.full(em.arg(base, xt, ctx), [base], xt, ctx)
             if pred:
-                e = f"tl.where({em.idx(L, xt)} < {L.extent}, {e}, {lit(IDENTITY[a.kind])})"
+                e = f"tl.where({em.idx(L, xt)} < {source(L.extent)}, {e}, {lit(IDENTITY[a.kind])})"
             fn = "max" if a.kind == "max" else "min"
             new = f"new_{a.node.name}"
             red = e if s.stepped else em.extreme(a.node, a.kind, e, xt.index(L))
@@ -178,7 +179,7 @@ def loop_body(em: Emitter, ctx: Body, accs: list[Accum], running: dict) -> None:
             xt = em.tvars(x)
             e = f"({em.full(em.arg(x, xt, ctx), [x], xt, ctx)} != 0)"
             if pred:
-                e = f"({e} & ({em.idx(L, xt)} < {L.extent}))"
+                e = f"({e} & ({em.idx(L, xt)} < {source(L.extent)}))"
             e = f"{e}.to(tl.int32)" if s.stepped else f"tl.max({e}.to(tl.int32), axis={xt.index(L)})"
             ctx.lines.append(f"{acc} = tl.maximum({acc}, {e})")
             continue
@@ -203,7 +204,7 @@ def loop_body(em: Emitter, ctx: Body, accs: list[Accum], running: dict) -> None:
             e = f"_with_check({e}, {ctx.witness.pop(i)[0]}, MODE == 0)"
             em.carriers[acc] = tv
         if pred:
-            e = f"tl.where({em.idx(L, xt)} < {L.extent}, {e}, 0.0)"
+            e = f"tl.where({em.idx(L, xt)} < {source(L.extent)}, {e}, 0.0)"
         ctx.lines.append(f"{acc} = {acc}{alpha} + tl.sum({e}, axis={xt.index(L)})")
     for d, new in news.items():
         ctx.lines.append(f"{running[d]} = {new}")

@@ -14,7 +14,7 @@ import torch
 
 from ..analysis import precision
 from ..ir.loops import Affine, LNode, Var
-from ..ir.sizes import pow2_bucket, symbolic, value
+from ..ir.sizes import pow2_bucket, source, symbolic, value
 from ..options import TileConfig
 from ..schedule.schedule import Schedule, ScheduleError, contraction, factorize
 from .artifact import Buffer
@@ -87,9 +87,9 @@ class Tiles(abc.ABC):
                             "a value that cannot be broadcast to its kernel's tile")
 
     def affine(self, e: Affine, tv: list[Var]) -> str:
-        parts = [(f"{c} * " if c != 1 else "") + self.idx(v, tv) for v, c in e.terms]
-        if e.const or not parts:
-            parts.append(str(e.const))
+        parts = [("" if isinstance(c, int) and c == 1 else f"{source(c)} * ") + self.idx(v, tv) for v, c in e.terms]
+        if symbolic(e.const) or e.const or not parts:
+            parts.append(source(e.const))
         return "(" + " + ".join(parts) + ")"
 
     def partial(self, v: Var) -> bool:
@@ -101,7 +101,7 @@ class Tiles(abc.ABC):
     def range_mask(self, tv: list[Var]) -> Optional[str]:
         """Bounds test for a tile that can reach past an extent. Loop ranges start at multiples of the
         loop block, so a loop variable whose extent the block divides never needs one."""
-        conds = [f"({self.idx(v, tv)} < {v.extent})" for v in tv if self.partial(v)]
+        conds = [f"({self.idx(v, tv)} < {source(v.extent)})" for v in tv if self.partial(v)]
         return " & ".join(conds) if conds else None
 
     def buffer(self, key: Any, shape: Sequence[int], dtype: torch.dtype, kind: str, written: bool = False) -> str:
@@ -114,7 +114,7 @@ class Tiles(abc.ABC):
         """Load an earlier kernel's value of n over this tile."""
         tv = self.tvars(n)
         buf, strides = self.intermediate(n, written=False)
-        off = " + ".join(f"{self.idx(v, tv)} * {st}" for v, st in strides.items()) or "0"
+        off = " + ".join(f"{self.idx(v, tv)} * {source(st)}" for v, st in strides.items()) or "0"
         mask = self.range_mask(tv)
         lines.append(f"{out} = tl.load({buf} + {off}" + (f", mask={mask}, other=0)" if mask else ")"))
         return out

@@ -24,11 +24,12 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from ..ir.graph import Builder, Graph, Node, Returns
 from ..ir.ops import ELEMENTWISE, GROUP, TENSOR, Group, scalar
+from ..ir.sizes import same
 from . import layout
 from .eager import EagerOnly, name, raise_if_eager_rejects, torch_logs_to_debug, whole, why_untraced
 from .scatter import scatter
 from .source import SourceRecorder
-from .symbolic import size_sources, symbolic_inputs
+from .symbolic import size_oblivious, size_sources, symbolic_inputs
 
 aten = torch.ops.aten
 log = logging.getLogger("flashtensor.capture")
@@ -61,10 +62,11 @@ def trace(fn: Callable, args: Sequence[torch.Tensor], dynamic: frozenset[tuple[i
                 # see, where the IR's pure nodes would otherwise keep reading the value from before the write
                 functional = torch.func.functionalize(wrapped, remove="mutations")
                 if dynamic:
-                    mode, fakes = symbolic_inputs(args, dynamic)
-                    sources = size_sources(fakes)      # before the trace finds sizes equal or constant
-                    with mode:
-                        gm = make_fx(functional, tracing_mode="real", _allow_non_fake_inputs=True)(*fakes)
+                    with size_oblivious():
+                        mode, fakes = symbolic_inputs(args, dynamic)
+                        sources = size_sources(fakes)      # before the trace finds sizes equal or constant
+                        with mode:
+                            gm = make_fx(functional, tracing_mode="real", _allow_non_fake_inputs=True)(*fakes)
                     gm.meta["shape_env"], gm.meta["size_sources"] = mode.shape_env, sources
                 else:
                     gm = make_fx(functional, tracing_mode="fake", _allow_non_fake_inputs=True)(*args)
@@ -413,7 +415,8 @@ def _cast(b, a, kw, shape, dtype, src):
 
 
 def _reshape(b, a, kw, shape, dtype, src):
-    return a[0] if tuple(a[0].shape) == shape else b.add("reshape", (a[0],), shape, dtype, src)
+    return a[0] if len(a[0].shape) == len(shape) and all(map(same, a[0].shape, shape)) else \
+        b.add("reshape", (a[0],), shape, dtype, src)
 
 
 def _full(value_of):

@@ -7,9 +7,10 @@ equal sizes get separate symbols, so one plan can serve q_len 1 and q_len != kv_
 """
 from __future__ import annotations
 
-from typing import Sequence, cast
+from typing import Any, Sequence, cast
 
 import torch
+import torch.fx.experimental._config
 from torch._dynamo.source import ConstantSource
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
@@ -32,6 +33,13 @@ def symbolic_inputs(args: Sequence[torch.Tensor], dynamic: frozenset[tuple[int, 
         fakes.append(mode.from_tensor(a, symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims),
                                       source=ConstantSource(f"input{i}")))
     return mode, fakes
+
+
+def size_oblivious() -> Any:
+    """Trace with sizes of 0 or 1 not special: torch's ops then take their general path for a symbolic size
+    (a matmul with q_len 1 stays a batched matmul) instead of guarding on the traced value, so one plan serves
+    decode's q_len 1 and batch 1 beside longer ones."""
+    return torch.fx.experimental._config.patch(backed_size_oblivious=True)  # type: ignore[attr-defined]
 
 
 def size_sources(fakes: Sequence) -> dict[str, tuple[int, int]]:

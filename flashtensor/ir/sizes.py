@@ -41,6 +41,25 @@ def names(x: Any) -> set[str]:
     return {str(s) for s in expr(x).free_symbols} if symbolic(x) else set()
 
 
+def broadcast_free(d: Size) -> bool:
+    """Whether a dimension of size d has its own loop variable (a static 1 broadcasts). A symbolic size never
+    broadcasts: the trace is size-oblivious (frontend/symbolic.py), so torch guarded wherever it would."""
+    return symbolic(d) or d != 1
+
+
+def same(a: Any, b: Any) -> bool:
+    """Whether two sizes are the same expression (no guard)."""
+    return bool(sympy.expand(expr(a) - expr(b)) == 0)
+
+
+def divides(a: Any, b: Any) -> bool:
+    """Whether b / a is a product of sizes (a polynomial with integer coefficients), by the expressions."""
+    num, den = sympy.fraction(sympy.cancel(expr(b) / expr(a)))
+    if den != 1 or not num.is_polynomial():
+        return False
+    return bool(num.is_integer) if not num.free_symbols else all(c.is_integer for c in sympy.Poly(num).coeffs())
+
+
 def longer(extent: Size, bound: int) -> bool:
     """extent > bound, taking a symbolic extent as longer: the branch for long axes is correct at any length."""
     return True if symbolic(extent) else extent > bound

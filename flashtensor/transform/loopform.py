@@ -12,7 +12,7 @@ through affine index maps.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -20,6 +20,7 @@ from ..ir.graph import Graph, Node
 from ..ir.loops import Affine, LNode, LoopGraph, LOutput, NodeTable, Var, loop_topo, stamp, var_union
 from ..ir.ops import BINARY, UNARY, Op
 from ..ir.reasons import NoPlanError, place
+from ..ir.sizes import broadcast_free, divides, same, symbolic
 
 
 class LoweringError(NoPlanError):
@@ -104,7 +105,7 @@ class _Lowerer:
 
     # --- variables -----------------------------------------------------------------
     def fresh_axes(self, shape: Sequence[int]) -> list[list[Var]]:
-        return [[Var(d)] if d != 1 else [] for d in shape]
+        return [[Var(d)] if broadcast_free(d) else [] for d in shape]
 
     def load(self, source, shape: Sequence[int], dtype: torch.dtype) -> _LV:
         axes = self.fresh_axes(shape)
@@ -149,7 +150,7 @@ class _Lowerer:
         off = len(n.shape) - len(x.axes)
         axes = [[] for _ in range(off)] + [list(ax) for ax in x.axes]
         for d, size in enumerate(n.shape):
-            if size != 1 and not axes[d]:
+            if broadcast_free(size) and not axes[d]:
                 axes[d] = [Var(size)]
         return _LV(x.node, axes)
 
@@ -208,7 +209,7 @@ class _Lowerer:
             for x in a:
                 if isinstance(x, _LV):
                     k = d - (r - len(x.axes))
-                    if k >= 0 and x.axes[k] and n.shape[d] != 1:
+                    if k >= 0 and x.axes[k] and broadcast_free(n.shape[d]):
                         cands.append(x.axes[k])
             for c in cands[1:]:
                 self.s.unify(cands[0], c, n)
@@ -242,7 +243,7 @@ class _Lowerer:
             cands = []
             for z in (x, y):
                 k = d - (batch - (len(z.axes) - 2))
-                if k >= 0 and z.axes[k] and n.shape[d] != 1:
+                if k >= 0 and z.axes[k] and broadcast_free(n.shape[d]):
                     cands.append(z.axes[k])
             for c in cands[1:]:
                 self.s.unify(cands[0], c, n)
@@ -260,6 +261,9 @@ class _Lowerer:
         for size in n.shape:
             ax: list[Var] = []
             have = 1
+            if symbolic(size) or any(symbolic(self.s.find(v).extent) for v in flat):
+                axes.append(self._symbolic_group(n, size, flat))
+                continue
             while have < size:
                 if not flat:
                     raise LoweringError(n, "reshape does not line up with its input")
@@ -278,6 +282,21 @@ class _Lowerer:
                 raise LoweringError(n, "reshape does not line up with its input")
             axes.append(ax)
         return _LV(x.node, axes)
+
+    def _symbolic_group(self, n: Node, size: Any, flat: list[Var]) -> list[Var]:
+        """The leading input axes whose extents multiply to `size`, where sizes are symbolic: whole axes only, matched
+        by their expressions (a split of a symbolic axis, or axes that only line up at some sizes, do not lower)."""
+        ax: list[Var] = []
+        have: Any = 1
+        while not same(have, size):
+            if not flat:
+                raise LoweringError(n, "reshape does not line up with its input")
+            v = self.s.find(flat.pop(0))
+            if not divides(have * v.extent, size):
+                raise LoweringError(n, "reshape of symbolic sizes that line up only at some sizes")
+            ax.append(v)
+            have = have * v.extent
+        return ax
 
     def index(self, n: Node, a: list) -> _LV:
         x = a[0]
