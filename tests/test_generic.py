@@ -44,7 +44,7 @@ def test_one_search_serves_every_length():
     batch and head counts 1 and 3, all from the one plan the first call searched; fresh random inputs each call,
     checked against eager."""
     fn = h2o_finfo
-    c = ft.compile(fn, dynamic=True)
+    c = ft.compile(fn, dynamic=True, cache=False)
     shapes = [(1, 2, 64, 64), (3, 2, 17, 17), (1, 1, 1, 50), (3, 2, 100, 100), (2, 3, 130, 130), (1, 2, 16, 64),
               (3, 1, 40, 100)]
     for k, (b, h, sq, sk) in enumerate(shapes):
@@ -60,7 +60,7 @@ def test_one_search_serves_every_length():
 def test_generic_after_a_second_length():
     """By default the first call plans for its shapes; a second length of the same program plans once more,
     generic in the dimensions that changed, and every later length reuses that plan."""
-    c = ft.compile(h2o_finfo)
+    c = ft.compile(h2o_finfo, cache=False)
     for k, s in enumerate((64, 48, 100, 130, 17)):
         _check(h2o_finfo, c, _inputs(1, 1, s, s, seed=k))
     info = c.cache_info()
@@ -71,7 +71,7 @@ def test_generic_after_a_second_length():
 def test_guards_keep_a_plan_to_the_sizes_it_serves():
     """A plan traced with q_len <= kv_len does not serve q_len > kv_len (its causal mask's skipped tiles assume
     it): that call plans again, and both match eager."""
-    c = ft.compile(h2o_finfo, dynamic=True)
+    c = ft.compile(h2o_finfo, dynamic=True, cache=False)
     _check(h2o_finfo, c, _inputs(2, 2, 32, 64))
     _check(h2o_finfo, c, _inputs(2, 2, 80, 40))
     _check(h2o_finfo, c, _inputs(2, 2, 1, 50))
@@ -79,7 +79,7 @@ def test_guards_keep_a_plan_to_the_sizes_it_serves():
 
 
 def test_static_option_never_generic():
-    c = ft.compile(h2o_finfo, dynamic=False)
+    c = ft.compile(h2o_finfo, dynamic=False, cache=False)
     for s in (32, 48, 64):
         _check(h2o_finfo, c, _inputs(1, 1, s, s))
     assert c.cache_info()["generic"] == 0 and c.cache_info()["searches"] == 3
@@ -131,6 +131,7 @@ def test_torch_compile_backend_takes_dynamos_symbolic_sizes(monkeypatch):
         made.append(real(fn, **options))
         return made[-1]
     monkeypatch.setattr(backend, "ft_compile", spy)
+    monkeypatch.setenv("FLASHTENSOR_CACHE", "0")     # searches counted here, not read from another test's plans
     torch._dynamo.reset()
     f = torch.compile(h2o_finfo, backend="flashtensor")
     for k, s in enumerate((64, 100, 130, 48, 17)):
@@ -145,7 +146,7 @@ def test_torch_compile_backend_takes_dynamos_symbolic_sizes(monkeypatch):
 
 
 def test_explain_names_the_generic_sizes():
-    c = ft.compile(h2o_finfo, dynamic=True)
+    c = ft.compile(h2o_finfo, dynamic=True, cache=False)
     args = _inputs(2, 2, 24, 40)
     report = ft.explain(c, *args)
     assert set(report.generic.values()) >= {"input 0 dim 2", "input 1 dim 2"}
@@ -161,7 +162,7 @@ def test_prefill_in_chunks_equals_one_shot():
     every chunk after the second runs on one generic plan."""
     b, h, s, d, chunk = 2, 2, 96, 16, 24
     q, k, v = _inputs(b, h, s, s, d, seed=7)
-    c = ft.compile(h2o_finfo)
+    c = ft.compile(h2o_finfo, cache=False)
     outs, cols = [], torch.zeros(b, h, s)
     for start in range(0, s, chunk):
         end = start + chunk
@@ -182,7 +183,7 @@ def test_each_length_bucket_tunes_once(monkeypatch):
     follow its lengths, and every call matches eager."""
     from flashtensor.api import compiled as compiled_module
     monkeypatch.setattr(compiled_module, "timed", lambda device: True)
-    c = ft.compile(h2o_finfo, dynamic=True)
+    c = ft.compile(h2o_finfo, dynamic=True, cache=False)
     for k, s in enumerate((24, 200, 150, 20, 256)):
         _check(h2o_finfo, c, _inputs(2, 2, s, s, seed=k))
     info = c.cache_info()

@@ -1,13 +1,16 @@
 """Check the project's held programs (flashtensor/bench/programs.py) against eager, and time them on a GPU.
 
     python -m flashtensor.bench.held [NAMES...] [--dtypes fp16,bf16] [--shape small|gpu] [--json F] [--rep N] \
-        [--rounds N] [--no-time]
+        [--rounds N] [--no-time] [--lengths S,S,...]
 
 For each program and dtype: eager runs, `ft.compile` runs, and every output is checked under the contract
 (flashtensor.testing.compare_with_exact, float64 rule included); the plan says whether it fused (every
 piece in kernels), partly fused or fell back to eager, and why. On a GPU eager and flashtensor are then
-timed in interleaved rounds (bench.time_rounds). A crash is a result, reported in the table, and fails the
-run like a wrong answer does: the exit status is 1 if any check fails. Without a GPU only the checks run,
+timed in interleaved rounds (bench.time_rounds). With --lengths, the same compiled callable then runs and is
+checked at each of those sequence lengths, and the record counts its plan searches (`cache_info`): a
+shape-generic plan serves them all, unless the program's own numbers change with the length (a window of
+S // 4). A crash is a result, reported in the table, and fails the run like a wrong answer does: the exit
+status is 1 if any check fails. Without a GPU only the checks run,
 at the small shapes, under Triton's interpreter.
 """
 from __future__ import annotations
@@ -59,10 +62,11 @@ def check_outputs(fn: Callable, args: tuple, out: Any, ref: Any) -> list[testing
     return matches
 
 
-def run_program(name: str, dtype: str, dims: dict, device: str) -> tuple[dict, dict]:
-    """Build, run and check one program; returns its record and what to time (empty after a crash)."""
+def run_program(name: str, dtype: str, dims: dict, device: str, lengths: tuple[int, ...] = ()) -> tuple[dict, dict]:
+    """Build, run and check one program (then the same compiled callable at each of `lengths`); returns its record
+    and what to time (empty after a crash)."""
     rec: dict[str, Any] = {"program": name, "dtype": dtype, "status": None, "notes": "", "ok": False,
-                           "outputs": [], "error": None, "eager": None, "flashtensor": None}
+                           "outputs": [], "error": None, "eager": None, "flashtensor": None, "searches": None}
     try:
         fn, args = programs.make(name, device=device, dtype=bench.DTYPES[dtype], **dims)
         with torch.no_grad():
@@ -87,6 +91,18 @@ def run_program(name: str, dtype: str, dims: dict, device: str) -> tuple[dict, d
     rec["ok"] = all(m.ok for m in matches) and not internal
     if internal:
         rec["error"] = internal[0][:200]
+    for s in lengths:
+        try:
+            fn_s, args_s = programs.make(name, device=device, dtype=bench.DTYPES[dtype], **{**dims, "S": s})
+            with warnings.catch_warnings(), torch.no_grad():
+                warnings.simplefilter("ignore", ft.FallbackWarning)
+                ref_s, out_s = fn_s(*args_s), compiled(*args_s)
+            bad = [m.problem for m in check_outputs(fn_s, args_s, out_s, ref_s) if not m.ok]
+        except Exception as e:  # noqa: BLE001
+            bad = [bench._error(e)]
+        if bad:
+            rec["ok"], rec["error"] = False, f"at S={s}: {bad[0]}"[:200]
+    rec["searches"] = compiled.cache_info()["searches"]
     return rec, {"eager": (fn, args), "flashtensor": (compiled, args)}
 
 
@@ -152,6 +168,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-time", action="store_true",
                    help="compile and check only: several such processes at once fill Triton's kernel cache, "
                         "so that one timing process after them compiles nothing")
+    p.add_argument("--lengths", default="", help="comma-separated sequence lengths to run and check the same "
+                   "compiled callable at after the first call (shape-generic plans)")
     return p
 
 
@@ -181,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     total = len(names) * len(dtypes)
     for n in names:
         for d in dtypes:
-            rec, runs = run_program(n, d, SHAPES[shape], device)
+            lengths = tuple(int(s) for s in args.lengths.split(",") if s)
+            rec, runs = run_program(n, d, SHAPES[shape], device, lengths)
             if cuda and runs and not args.no_time:
                 time_program(rec, runs, args.rep, args.rounds)
             results["programs"].append(rec)
@@ -189,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
             problems = ([rec["error"]] if rec["error"] else []) + [o["problem"] for o in rec["outputs"] if o["problem"]]
             said = "pass" if rec["ok"] else "FAIL: " + "; ".join(problems)
             print(f"[{len(results['programs'])}/{total}] {n} {d}: {rec['status'] or 'crash'}, {said}, "
-                  f"error {_cell_error(rec)}" + (f", {r:.2f}x eager" if r else ""), flush=True)
+                  f"error {_cell_error(rec)}" + (f", {r:.2f}x eager" if r else "") +
+                  (f", {rec['searches']} search(es) for {1 + len(lengths)} lengths" if lengths else ""), flush=True)
             del runs
             bench._free()
             if args.json:  # after every program, so that an interrupted run keeps what it measured
