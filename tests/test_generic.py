@@ -190,3 +190,15 @@ def test_each_length_bucket_tunes_once(monkeypatch):
     assert info["searches"] == 1 and info["tunes"] == 2 and info["generic"] == 2, info
     small, large = [p for ps in c.generic.values() for p in ps]
     assert max(small.kernels[0].blocks.values()) == 32 and max(large.kernels[0].blocks.values()) == 128
+
+
+def test_mqa_expand_and_sliced_tril_mask_go_generic():
+    """GPTBigCode's multi-query attention (one kv head expanded, a bool tril mask sliced to the last q_len rows,
+    filled with finfo.min through torch.where) at a second length: a size expression with no hint of its own
+    (the slice's start) once crashed the call; now it plans generic and matches eager."""
+    from flashtensor.bench import programs
+    c = ft.compile(programs.gpt_bigcode_mqa, cache=False)
+    for s in (64, 100, 40):
+        fn, args = programs.make("gpt_bigcode_mqa", device="cpu", dtype=torch.float32, **{**programs.SMALL, "S": s})
+        torch.testing.assert_close(c(*args), fn(*args), rtol=2e-5, atol=2e-5)
+    assert c.cache_info()["generic"] == 1 and c.cache_info()["searches"] == 2

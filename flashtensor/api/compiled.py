@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import warnings
 from typing import Any, Callable, Optional, Sequence
@@ -15,6 +16,7 @@ from ..runtime.autotune import timed
 from ..runtime.plan import Program
 from .guards import Call, Guards, name_of, version
 
+log = logging.getLogger("flashtensor.compiled")
 _CHANGED = 2        # traces in a row that change what the function reads, before it runs eagerly
 
 
@@ -115,7 +117,12 @@ class Compiled:
         dims = self._dynamic(call)
         structure = self._guards.key(call, shapes=False)
         fn = self._guards.flat(call.spec)
-        prog = build(fn, call.leaves, self.options, self.warned, dims) if dims else None
+        prog = None
+        if dims:
+            try:
+                prog = build(fn, call.leaves, self.options, self.warned, dims)
+            except Exception:  # noqa: BLE001 - a bug in the generic path costs a plan per shape, not the answer
+                log.exception("shape-generic planning failed; planning for this call's shapes")
         if prog is not None and prog.generic and prog.fits(call.leaves):
             self.generic.setdefault(structure, []).append(prog)
         else:

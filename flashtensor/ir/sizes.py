@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 import sympy
 import torch
+from torch.fx.experimental.symbolic_shapes import guarding_hint_or_throw, optimization_hint
 
 Size = int | torch.SymInt
 
@@ -26,9 +27,10 @@ def symbolic(x: Any) -> bool:
 
 def hint(x: Any) -> Any:
     """x's value in the traced call, without a guard: for choices every size would be correct with."""
-    if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        h = x.node.hint
-        return type(h)(h) if h is not None else x.node.require_hint()
+    if isinstance(x, torch.SymInt):
+        return optimization_hint(x)
+    if isinstance(x, (torch.SymFloat, torch.SymBool)):
+        return x.node.hint if x.node.hint is not None else guarding_hint_or_throw(x.node)
     return x
 
 
