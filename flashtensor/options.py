@@ -39,8 +39,8 @@ class Options:
     # tests of the kernels want)
     eager_if_faster: bool = True
     # shape-generic plans (kernels that take sizes as arguments): None, after a second shape of the same
-    # program, in the dimensions that changed; True, from the first call, in every dimension but each input's
-    # last; False, never
+    # program, in the dimensions that changed; True, from the first call, in every dimension but an input's last
+    # where no other dimension has its size (api/compiled.py); False, never
     dynamic: Optional[bool] = None
 
     @classmethod

@@ -177,3 +177,17 @@ def test_bench_exits_nonzero_when_flashtensor_fails_its_check(monkeypatch, capsy
     assert "failed the correctness check on attn" in capsys.readouterr().err
     monkeypatch.setattr(bench, "build", lambda system, name, fn, args: real(system, name, fn, args) if system != "flashtensor" else fn)
     assert bench.main(argv) == 0
+
+
+def test_generic_sweep_plans_once_and_checks_every_length(tmp_path):
+    """The shape-generic benchmark's sweep (what the GPU run measures per bucket), at the interpreter's shapes:
+    every length passes against eager and only the first call searches."""
+    out = tmp_path / "sweep.json"
+    cmd = [sys.executable, "-m", "flashtensor.bench.generic", "sweep", "--small", "--lengths", "3", "--names", "h2o",
+           "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, TRITON_INTERPRET="1", FLASHTENSOR_CACHE="0"),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    recs = json.loads(out.read_text())["records"]
+    assert [r["ok"] for r in recs] == [True] * 3
+    assert [r["searches"] for r in recs] == [1, 0, 0]

@@ -138,16 +138,19 @@ class Compiled:
 
     def _dynamic(self, call: Call) -> frozenset[tuple[int, int]]:
         """The (leaf, dimension) pairs a new plan for `call` is generic in: with `dynamic=True`, every dimension
-        but each tensor's last (a head or feature dimension, which kernels hold whole in a tile); by default
-        those in which this call's shapes differ from the first call of the same structure (as torch.compile's
-        automatic dynamic shapes); none with `dynamic=False`."""
+        but a tensor's last where no other dimension of the inputs has its size (a head or feature dimension,
+        which kernels hold whole in a tile; a last dimension as long as another, KeyFormer's S x S noise, is
+        taken to be that axis); by default those in which this call's shapes differ from the first call of the
+        same structure (as torch.compile's automatic dynamic shapes); none with `dynamic=False`."""
         tensors = [(i, tuple(a.shape)) for i, a in enumerate(call.leaves) if isinstance(a, torch.Tensor)]
         if self.options.dynamic is False:
             return frozenset()
         if self.dims is not None:       # Dynamo's symbolic dimensions (api/backend.py)
             return self.dims
         if self.options.dynamic:
-            return frozenset((i, d) for i, shape in tensors for d in range(len(shape) - 1))
+            inner = {n for _, shape in tensors for n in shape[:-1]}
+            return frozenset((i, d) for i, shape in tensors for d in range(len(shape))
+                             if d < len(shape) - 1 or shape[d] in inner)
         first = self._first.setdefault(self._guards.key(call, shapes=False), [s for _, s in tensors])
         return frozenset((i, d) for (i, shape), old in zip(tensors, first) for d in range(len(shape))
                          if shape[d] != old[d])

@@ -1,0 +1,185 @@
+"""Shape-generic plans measured: a sweep of lengths, generic against exact-shape kernels, and decode shapes.
+
+    python -m flashtensor.bench.generic sweep [--names h2o,keyformer] [--lengths 50] [--lo 1024] [--hi 32768]
+    python -m flashtensor.bench.generic versus [--names attn,h2o,...] [--S 4096]
+    python -m flashtensor.bench.generic decode [--q 1,4,16] [--kv 8192,32768,131072]
+    (--small: the CPU interpreter's shapes; every mode checks its outputs against eager where eager fits)
+
+sweep: one `ft.compile(fn, dynamic=True)` per workload called at random lengths; per call the searches and
+tunes it cost (`cache_info`), and per bucket the host time of a call in it (the call's wall time without
+waiting for the GPU, median over repeats). versus: each workload's kernels planned for its exact shape and
+generically, timed side by side. decode: h2o with a few queries against long keys, against eager,
+torch.compile and (its attention alone) SDPA. Results print as tables; --json keeps the records.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+import flashtensor as ft
+from flashtensor import workloads
+from flashtensor.cli.main import _use_interpreter_without_gpu
+from flashtensor.ir.sizes import pow2_bucket
+
+from . import bench
+
+ATTENTION = ["attn", "h2o", "roco", "keyformer", "snapkv", "corm", "gemma2"]
+
+
+def _host_us(f: Callable[[], Any], reps: int = 50) -> float:
+    """Median wall time of a call in microseconds, not waiting for the device (what the host adds)."""
+    f()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        f()
+        times.append((time.perf_counter() - t) * 1e6)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def _ms(f: Callable[[], Any], timed: bool) -> float | None:
+    if not timed:
+        return None
+    import triton.testing
+    return float(triton.testing.do_bench(f, warmup=25, rep=100, return_mode="median"))
+
+
+def _make(name: str, device: str, dims: dict, S: int, seed: int) -> tuple[Callable, tuple]:
+    return workloads.make(name, device=device, **{**dims, "S": S}, seed=seed)
+
+
+def sweep(names: list[str], lengths: list[int], device: str, dims: dict) -> list[dict]:
+    out = []
+    for name in names:
+        c = ft.compile(workloads.make(name, device=device, **{**dims, "S": lengths[0]})[0], dynamic=True)
+        seen: set[int] = set()
+        for k, s in enumerate(lengths):
+            fn, args = _make(name, device, dims, s, k)
+            before = c.cache_info()
+            with torch.no_grad():
+                t = time.perf_counter()
+                got = c(*args)
+                first = time.perf_counter() - t
+                ok = bench.compare(got, fn(*args))["ok"]
+            after = c.cache_info()
+            rec = {"program": name, "S": s, "bucket": pow2_bucket(s), "ok": ok, "first_s": first,
+                   "searches": after["searches"] - before["searches"], "tunes": after["tunes"] - before["tunes"]}
+            if pow2_bucket(s) not in seen:      # one host-time reading per bucket, on a call that plans nothing
+                seen.add(pow2_bucket(s))
+                rec["host_us"] = _host_us(lambda: c(*args))
+            out.append(rec)
+            print(f"sweep {name} S={s}: {'pass' if ok else 'FAIL'}, {rec['searches']} search(es), "
+                  f"{rec['tunes']} tune(s), first call {first:.2f} s"
+                  + (f", host {rec['host_us']:.1f} us" if "host_us" in rec else ""), flush=True)
+            bench._free()
+    return out
+
+
+def versus(names: list[str], S: int, device: str, dims: dict, timed: bool) -> list[dict]:
+    out = []
+    for name in names:
+        fn, args = _make(name, device, dims, S, 0)
+        exact, generic = ft.compile(fn, dynamic=False), ft.compile(fn, dynamic=True)
+        with torch.no_grad():
+            ref = fn(*args)
+            ok = bench.compare(exact(*args), ref)["ok"] and bench.compare(generic(*args), ref)["ok"]
+            e, g = _ms(lambda: exact(*args), timed), _ms(lambda: generic(*args), timed)
+        rec = {"program": name, "S": S, "ok": ok, "exact_ms": e, "generic_ms": g,
+               "generic_over_exact": g / e if e and g else None}
+        out.append(rec)
+        print(f"versus {name}: {'pass' if ok else 'FAIL'}, exact {e} ms, generic {g} ms", flush=True)
+        bench._free()
+    return out
+
+
+def _h2o_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """h2o for q_len < kv_len ((B, S, H, D) inputs): the causal mask offset to the last q_len key positions."""
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    s = (qt @ kt.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    sq, sk = s.shape[-2:]
+    s = s + torch.full((sq, sk), float("-inf"), device=q.device, dtype=s.dtype).triu(sk - sq + 1)
+    p = F.softmax(s.float(), dim=-1)
+    return (p.to(q.dtype) @ vt).transpose(1, 2).contiguous(), p.sum(dim=2)
+
+
+def _sdpa_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    # the last q_len queries see every key up to their own position: bottom-right causal, as a boolean mask
+    sq, sk = q.shape[1], k.shape[1]
+    keep = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
+    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=keep)
+    return o.transpose(1, 2).contiguous()
+
+
+def decode(qs: list[int], kvs: list[int], device: str, dims: dict, timed: bool) -> list[dict]:
+    out = []
+    fast = ft.compile(_h2o_rows, dynamic=True)
+    compiled = torch.compile(_h2o_rows, dynamic=True) if timed else None
+    g = torch.Generator(device=device).manual_seed(0)
+    for kv in kvs:
+        for q_len in qs:
+            H, D, dt = dims["H"], dims["D"], bench.DTYPES.get("fp16") if timed else torch.float32
+            q, k, v = (torch.randn(1, n, H, D, generator=g, device=device, dtype=dt) for n in (q_len, kv, kv))
+            with torch.no_grad():
+                ok = bench.compare(fast(q, k, v), _h2o_rows(q, k, v))["ok"]
+                rec = {"q_len": q_len, "kv_len": kv, "ok": ok, "flashtensor_ms": _ms(lambda: fast(q, k, v), timed),
+                       "eager_ms": _ms(lambda: _h2o_rows(q, k, v), timed),
+                       "torch_compile_ms": _ms(lambda: compiled(q, k, v), timed) if compiled else None,
+                       "sdpa_ms": _ms(lambda: _sdpa_rows(q, k, v), timed)}
+            out.append(rec)
+            print("decode " + ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
+                                        for k, v in rec.items()), flush=True)
+            bench._free()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m flashtensor.bench.generic", description=__doc__.splitlines()[0])
+    p.add_argument("mode", choices=["sweep", "versus", "decode"])
+    p.add_argument("--names", default="", help="workloads (sweep: h2o,keyformer; versus: the seven attention ones)")
+    p.add_argument("--lengths", type=int, default=50, help="sweep: how many random lengths")
+    p.add_argument("--lo", type=int, default=1024)
+    p.add_argument("--hi", type=int, default=32768)
+    p.add_argument("--S", type=int, default=4096, help="versus: the sequence length")
+    p.add_argument("--heads", type=int, default=32, help="heads (keyformer's noise is B x H x S x S)")
+    p.add_argument("--q", default="1,4,16", help="decode: query lengths")
+    p.add_argument("--kv", default="8192,32768,131072", help="decode: key lengths")
+    p.add_argument("--small", action="store_true", help="tiny shapes for the CPU interpreter")
+    p.add_argument("--json", default="")
+    args = p.parse_args(argv)
+    device = _use_interpreter_without_gpu()
+    timed = device == "cuda"
+    dims = {"H": 2, "D": 32, "B": 1} if args.small else {"H": args.heads, "D": 128, "B": 1}
+    if args.mode == "sweep":
+        names = [n for n in (args.names or "h2o,keyformer").split(",") if n]
+        lo, hi = (16, 160) if args.small else (args.lo, args.hi)
+        draw = random.Random(0)
+        lengths = [draw.randint(lo, hi) for _ in range(args.lengths)]
+        recs = sweep(names, lengths, device, dims)
+    elif args.mode == "versus":
+        names = [n for n in (args.names or ",".join(ATTENTION)).split(",") if n]
+        recs = versus(names, 96 if args.small else args.S, device, dims, timed)
+    else:
+        kvs = [40, 100] if args.small else [int(x) for x in args.kv.split(",")]
+        recs = decode([int(x) for x in args.q.split(",")], kvs, device, dims, timed)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"mode": args.mode, "device": torch.cuda.get_device_name() if timed else "cpu", "records": recs},
+                      f, indent=1)
+    return 0 if all(r["ok"] for r in recs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
