@@ -88,17 +88,22 @@ def _compile(src: Any, where: Path) -> list[str]:
 
     path = where / f"{src.name}_{abs(hash(src.source))}.py"
     path.write_text(src.source)
-    fn = getattr(_compiled_module(path), src.name)
+    module = _compiled_module(path)
     sig = {b.name: "*" + _TYPES[b.dtype] for b in src.buffers}
+    # the kernel in both modes, then each pre-pass launched before it (run-time tile ranges, codegen/ranges.py)
+    modes = (0, 1) if src.fixup else (0,)
+    builds = [(src.name, sig, {"MODE": mode}, src.num_warps, src.num_stages) for mode in modes]
+    builds += [(p.name, {b.name: "*" + _TYPES[b.dtype] for b in p.buffers}, {}, p.num_warps, src.num_stages)
+               for p in src.prologues]
     errors = []
-    for mode in (0, 1) if src.fixup else (0,):
+    for name, types, modes, warps, stages in builds:
         try:
-            triton.compile(ASTSource(fn=fn, signature={**sig, "MODE": "constexpr", "PDL": "constexpr"},
-                                     constexprs={"MODE": mode, "PDL": True}),
-                           target=GPUTarget("cuda", 90, 32),
-                           options={"num_warps": src.num_warps, "num_stages": src.num_stages})
+            triton.compile(ASTSource(fn=getattr(module, name),
+                                     signature={**types, **{m: "constexpr" for m in modes}, "PDL": "constexpr"},
+                                     constexprs={**modes, "PDL": True}),
+                           target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
         except Exception as e:  # noqa: BLE001 - every failure is a finding
-            errors.append(f"MODE={mode}: {type(e).__name__}: {_where(e)} (source: {path})")
+            errors.append(f"{name} {modes}: {type(e).__name__}: {_where(e)} (source: {path})")
     return errors
 
 

@@ -22,8 +22,10 @@ from typing import Optional
 import torch
 
 from ..ir.loops import Affine, LNode, LoopGraph, read_input
+from .atoms import HUGE, MODERATE, Atom, Cond, Exists, Scope, classes, masks
 
-Region = tuple[Affine, ...]      # conjunction of half-planes e >= 0
+Region = tuple[Cond, ...]        # conjunction of half-planes e >= 0 and conditions on the data (analysis/atoms.py)
+Plane = tuple[Affine, ...]       # a region of half-planes only
 Fact = tuple[Region, float]      # the node equals the constant (a float, int or bool) on the region
 
 IDENTITY = {"sum": 0.0, "max": -math.inf, "min": math.inf, "any": False}
@@ -33,6 +35,13 @@ _OPS = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": op
 def negate(h: Affine) -> Affine:
     """not (e >= 0)  <=>  -e - 1 >= 0 over the integers."""
     return h.scale(-1) + Affine((), -1)
+
+
+def _negate(c: Cond) -> Optional[Cond]:
+    """The complement of a condition, where it is one: a half-plane's, a bool atom's; None otherwise."""
+    if isinstance(c, Affine):
+        return negate(c)
+    return c.negated() if isinstance(c, Atom) else None
 
 
 def _both(fa: list[Fact], fb: list[Fact], f) -> list[Fact]:
@@ -54,22 +63,34 @@ def _eq(v, c) -> bool:
 
 
 def _empty(region: Region) -> bool:
-    """Whether some half-plane of the region holds nowhere in its variables' index box (sufficient, not necessary)."""
-    return any(h.const + sum(c * (v.extent - 1) for v, c in h.terms if c > 0) < 0 for h in region)
+    """Whether some half-plane of the region holds nowhere in its variables' index box, or two of its atoms
+    contradict each other (sufficient, not necessary)."""
+    atoms = {(c.node, c.test) for c in region if isinstance(c, Atom)}
+    return any(h.const + sum(c * (v.extent - 1) for v, c in h.terms if c > 0) < 0
+               for h in region if isinstance(h, Affine)) or \
+        any((n, "true") in atoms and (n, "false") in atoms or (n, "huge") in atoms and (n, "above") in atoms
+            for n, _ in atoms)
 
 
 def _minus(region: Region, cut: Region) -> list[Region]:
-    """region without cut, as a union of conjunctions (one per negated half-plane of cut)."""
+    """region without cut, as a union of conjunctions (one per negated condition of cut; a condition without a
+    complement gives none, which leaves out a piece of the difference: fewer facts, never a wrong one)."""
     if _empty(cut) or _empty(region + cut):
         return [region]
-    return [r for h in cut if not _empty(r := _and(region, (negate(h),)))]
+    return [r for h in cut if (nh := _negate(h)) is not None and not _empty(r := _and(region, (nh,)))]
 
 
-def _covering(region: Region, v) -> Region:
+def _covering(region: Region, v) -> Optional[Region]:
     """The region of the other variables on which `region` holds for every value of v: each half-plane at its
-    worst v (a reduction over v of a value constant on `region` is that constant there)."""
-    out = []
+    worst v (a reduction over v of a value constant on `region` is that constant there); None where a condition
+    on the data varies along v (no region says it holds for every v)."""
+    out: list[Cond] = []
     for h in region:
+        if not isinstance(h, Affine):
+            if v in h.vars:
+                return None
+            out.append(h)
+            continue
         c = h.coeff(v)
         rest = Affine(tuple((w, k) for w, k in h.terms if w is not v), h.const)
         out.append(rest if c >= 0 else rest + Affine((), c * (v.extent - 1)))
@@ -84,23 +105,38 @@ def _always(h: Affine) -> bool:
 def _exists(region: Region, v) -> Optional[Region]:
     """The region of the other variables on which `region` holds for some value of v in its range (a max over v
     of a value that is not hugely negative there is not either), half-planes that always hold left out. Exact
-    where v's coefficients are +-1, as in index comparisons; None otherwise, or where it is empty."""
+    where v's coefficients are +-1, as in index comparisons, or where conditions on the data vary along v (an
+    `Exists` of the conditions that do); None otherwise, or where it is empty."""
+    dep = tuple(h for h in region if v in h.vars)
+    if not all(isinstance(h, Affine) for h in dep):
+        inner = tuple(h for h in dep if not isinstance(h, Exists))
+        return None if len(inner) < len(dep) else tuple(h for h in region if v not in h.vars) + (Exists(v, inner),)
     lows, ups = [Affine((), 0)], [Affine((), v.extent - 1)]     # v >= -low, v <= up
-    keep: list[Affine] = []
+    keep: list[Cond] = []
     for h in region:
+        if not isinstance(h, Affine):
+            keep.append(h)
+            continue
         c = h.coeff(v)
         rest = Affine(tuple((w, k) for w, k in h.terms if w is not v), h.const)
         if c not in (-1, 0, 1):
             return None
         (keep if c == 0 else lows if c == 1 else ups).append(h if c == 0 else rest)
-    out = tuple(dict.fromkeys(h for h in keep + [lo + up for lo in lows for up in ups] if not _always(h)))
+    out = tuple(dict.fromkeys(h for h in keep + [lo + up for lo in lows for up in ups]
+                              if not isinstance(h, Affine) or not _always(h)))
     return None if _empty(out) else out
 
 
 class Facts:
-    """Per-node affine values (for integer index arithmetic) and constant facts."""
+    """Per-node affine values (for integer index arithmetic) and constant facts. With a `Scope`, masks read from
+    tensors are conditions of their own (analysis/atoms.py): `bools` are true or false by their atoms, `addends`
+    have their atoms for magnitude classes, and `data` holds what depends on either."""
 
-    def __init__(self) -> None:
+    def __init__(self, scope: Optional[Scope] = None) -> None:
+        self.scope = scope
+        self.bools: set[LNode] = set()
+        self.addends: set[LNode] = set()
+        self.data: dict[int, bool] = {}
         self.affine: dict[LNode, Affine] = {}
         self.facts: dict[LNode, list[Fact]] = {}
         self.magnitudes = Magnitudes()
@@ -113,10 +149,27 @@ class Facts:
         return self.facts.get(n, [])
 
     def run(self, nodes: list[LNode]) -> "Facts":
+        if self.scope is not None:
+            self.bools, self.addends = masks(nodes, self.scope)
         for n in nodes:
             self.facts[n] = self._node(n)
+            if not self.facts[n] and n in self.bools:
+                self.facts[n] = [((Atom(n, "true"),), True), ((Atom(n, "false"),), False)]
             self._classes(n)
         return self
+
+    @property
+    def atoms(self) -> set[LNode]:
+        """The masks read from tensors: what the kernel's run-time skips rely on instead of facts of their values."""
+        return self.bools | self.addends
+
+    def depends(self, x: object) -> bool:
+        """Whether x depends on a mask read from a tensor (then a row of it may be wholly masked by the data)."""
+        if not isinstance(x, LNode) or not (self.bools or self.addends):
+            return False
+        if id(x) not in self.data:
+            self.data[id(x)] = x in self.bools or x in self.addends or any(self.depends(a) for a in x.inputs)
+        return self.data[id(x)]
 
     def _classes(self, n: LNode) -> None:
         """Where n is hugely negative (`huge`) and where it is not (`above`, `below`; see Magnitudes); an exp of a
@@ -205,13 +258,15 @@ class Facts:
         out = []
         for r, c in fs:
             cover = _covering(r, v)
-            if _empty(cover) or isinstance(c, Affine):
+            if cover is None or _empty(cover) or isinstance(c, Affine):
                 continue
             out.append((cover, c * v.extent if kind == "sum" else c))
         return out
 
     def _arith(self, op: str, args, fs) -> list[Fact]:
-        """Absorbing constants: unknown (finite) operands do not matter; known non-finite ones are cut out."""
+        """Absorbing constants: unknown (finite) operands do not matter; known non-finite ones are cut out. An
+        operand that depends on a mask read from a tensor (a row max that a wholly masked row makes -inf) must be
+        known finite instead: the constant holds where its magnitude classes say so."""
         out: list[Fact] = []
         for side in (0, 1):
             for r, v in fs[side]:
@@ -221,15 +276,25 @@ class Facts:
                     value = 0.0
                 else:
                     continue
-                out += [(reg, value) for reg in _defined(op, side, v, r, fs[1 - side])]
+                other = args[1 - side]
+                if op != "div" and self.depends(other):
+                    out += [(_and(r, q), value) for q in self._finite(op, v, other)]
+                else:
+                    out += [(reg, value) for reg in _defined(op, side, v, r, fs[1 - side])]
         out += _both(fs[0], fs[1], lambda a, b: _fold(op, a, b))
         return out
+
+    def _finite(self, op: str, v: float, y: LNode) -> list[Region]:
+        """Where y cannot cancel the absorbing constant v: not -inf (moderate from below) where -inf would give NaN,
+        not +inf where +inf would, neither under a multiply by 0."""
+        if op == "mul":
+            return _pairs(self.above.get(y, []), self.below.get(y, []))
+        cancel = -v if op == "add" else v      # x + y is NaN at y = -x; x - y and y - x at y = x
+        return self.above.get(y, []) if cancel < 0 else self.below.get(y, [])
 
 
 # ---- magnitudes: where a value is hugely negative, and where it is not --------------------------------------
 
-HUGE = 2.0 ** 15       # a finite mask constant at least this large (finfo.min of every float type, -1e9) is huge
-MODERATE = 2.0 ** 14   # the inputs a skip by a huge constant relies on are checked to be at most this large
 _SCALE = 2.0 ** 8      # a multiply by a constant at most this large keeps a moderate value moderate
 _CAP = 16              # regions kept per class and node
 
@@ -259,7 +324,7 @@ class Magnitudes:
         above = [r for r, v in consts if v >= -MODERATE]
         below = [r for r, v in consts if v <= MODERATE]
         huge = [(r, float(v)) for r, v in consts if -math.inf < v <= -HUGE]
-        a, b, h = self._rules(n, f)
+        a, b, h = classes(n) if n in f.addends else self._rules(n, f)
         return (list(dict.fromkeys(above + a))[:_CAP], list(dict.fromkeys(below + b))[:_CAP],
                 list(dict.fromkeys(huge + h))[:_CAP])
 
@@ -337,12 +402,12 @@ class Magnitudes:
         a, b, h = cls
 
         def every(rs: list[Region]) -> list[Region]:
-            return [c for r in rs if not _empty(c := _covering(r, v))]
+            return [c for r in rs if (c := _covering(r, v)) is not None and not _empty(c)]
 
         def some(rs: list[Region]) -> list[Region]:
             return [e for r in rs if (e := _exists(r, v)) is not None]
         if kind == "max":
-            return some(a), every(b), [(c, x) for r, x in h if not _empty(c := _covering(r, v))]
+            return some(a), every(b), [(c, x) for r, x in h if (c := _covering(r, v)) is not None and not _empty(c)]
         if kind == "min":
             return every(a), some(b), [(e, x) for r, x in h if (e := _exists(r, v)) is not None]
         if kind == "sum":

@@ -1,7 +1,7 @@
 """`ft.explain`: what the compiler found and generated for one call signature."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -38,6 +38,7 @@ class KernelProperties:
     loop: str                   # the loop variable and how its reductions are carried
     skipped: list[str]          # regions whose tiles the loop skips
     folded: list[str]           # regions whose tiles run a body with the facts' constants in place
+    runtime: list[str] = field(default_factory=list)   # regions over masks read from tensors, skipped at run time
 
 
 class Report:
@@ -75,6 +76,8 @@ class Report:
             parts += ["skipped tiles: " + (", ".join(props.skipped) or "none")]
             if props.folded:
                 parts += ["constant-folded tiles: " + ", ".join(props.folded)]
+            if props.runtime:
+                parts += ["skipped at run time: " + ", ".join(props.runtime)]
             parts += ["reads: " + ", ".join(f"{t.name}{list(t.shape)} {t.kind}" for t in k.inputs)]
             parts += ["writes: " + ", ".join(f"{t.name}{list(t.shape)} {t.kind}" for t in k.outputs)]
             parts += ["", k.triton_source]

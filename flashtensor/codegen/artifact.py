@@ -28,6 +28,17 @@ class Buffer:
 
 
 @dataclass
+class Prologue:
+    """A pre-pass kernel in the same module, launched before its kernel (codegen/ranges.py): the run-time tile
+    ranges of masks read from tensors."""
+    name: str
+    buffers: list[Buffer]
+    grid: tuple[Any]
+    num_warps: int
+    sizes: list[str] = field(default_factory=list)
+
+
+@dataclass
 class KernelSource:
     name: str
     source: str
@@ -40,6 +51,7 @@ class KernelSource:
     fixup: bool = False            # relaunched with MODE=1 after the plan: recomputes unless the check passed
     fixup_programs: int = 264      # programs of that fixup pass
     sizes: list[str] = field(default_factory=list)   # size arguments after the buffers (a shape-generic kernel)
+    prologues: list[Prologue] = field(default_factory=list)     # launched before it, in order
 
     @property
     def config(self) -> str:
@@ -53,10 +65,14 @@ def encode_kernel(k: KernelSource) -> dict:
 
 
 def decode_kernel(d: dict) -> KernelSource:
-    return KernelSource(**{**d, "buffers": [Buffer(**b) for b in d["buffers"]]})
+    pro = [Prologue(**{**p, "buffers": [Buffer(**b) for b in p["buffers"]]}) for p in d.get("prologues", [])]
+    return KernelSource(**{**d, "buffers": [Buffer(**b) for b in d["buffers"]], "prologues": pro})
 
 
 def with_plain_keys(kernels: list[KernelSource], key: Callable[[Any], tuple]) -> list[KernelSource]:
     """The kernels with every buffer's planning-time source (an LOutput or LNode) replaced by key(source)."""
-    return [dataclasses.replace(k, buffers=[dataclasses.replace(b, source=key(b.source)) for b in k.buffers])
+    def plain(bufs: list[Buffer]) -> list[Buffer]:
+        return [dataclasses.replace(b, source=key(b.source)) for b in bufs]
+    return [dataclasses.replace(k, buffers=plain(k.buffers),
+                                prologues=[dataclasses.replace(p, buffers=plain(p.buffers)) for p in k.prologues])
             for k in kernels]

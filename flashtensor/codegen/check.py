@@ -69,8 +69,10 @@ def check_by_log(em: Tiles, log: LNode, out: str, tv: list[Var], ctx: Optional[B
 
 
 def as_checked(em: Tiles, i: int, x: str) -> str:
-    """Input i's value x as the check tests it: through the narrowest cast the program applies to it."""
-    return round_to(em.narrowed[i], x) if i in em.narrowed else x
+    """Input i's value x as the check tests it: through the narrowest cast the program applies to it; a mask's
+    -inf as 0 (CheckPlan.masks)."""
+    x = round_to(em.narrowed[i], x) if i in em.narrowed else x
+    return f"tl.where({x} == float(\"-inf\"), tl.zeros_like({x}), {x})" if i in em.spec.check.masks else x
 
 
 def check_acc(em: Tiles, i: int) -> tuple[str, str]:

@@ -3,7 +3,8 @@
 Every floating input is checked once: by the first kernel whose tiles read it whole (`tile_checks`), or
 else in equal parts, kernel k's programs checking pieces of the k-th; an input a log, a square root or a
 division reads must also lie in that op's domain (analysis.facts.input_domains). A plan needs the check
-only where some kernel skips or constant-folds tiles by value facts.
+only where some kernel skips or constant-folds tiles by value facts. A mask read from a tensor may hold -inf
+(its pre-pass reads its values, analysis/atoms.py): only NaN and +inf fail its check.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def plan_checks(loops: LoopGraph, schedules: list[Schedule], narrowed: Mapping[i
     moderate = {i for s in schedules for i in s.moderate}
     check = {i: _domain(domains.get(i), i in moderate) for i, (_, dt) in enumerate(loops.inputs)
              if dt.is_floating_point}
-    slots = len(schedules) if check and any(s.skip or s.special for s in schedules) else 0
+    slots = len(schedules) if check and any(s.skip or s.special or s.runtime for s in schedules) else 0
     reads = [tile_checks(s, loops.inputs) for s in schedules] if slots else []
     tiled: list[dict] = [{} for _ in schedules]
     flat = {}
@@ -34,7 +35,15 @@ def plan_checks(loops: LoopGraph, schedules: list[Schedule], narrowed: Mapping[i
         else:
             tiled[k][i] = (reads[k][i], dom)
     ftz = frozenset(i for i, dom in check.items() if dom and dom.startswith("positive")) if slots else frozenset()
-    return [CheckPlan(slots, k, flat, tiled[k], ftz, narrowed) for k in range(len(schedules))]
+    masks = _masks(schedules) - set(domains)
+    return [CheckPlan(slots, k, flat, tiled[k], ftz, narrowed, masks) for k in range(len(schedules))]
+
+
+def _masks(schedules: list[Schedule]) -> frozenset[int]:
+    """Inputs every kernel that reads them reads only as masks (Schedule.masks): their -inf passes the check."""
+    reads = [{n.attrs["input"] for n in s.nodes if n.op == "load" and n not in s.boundary} for s in schedules]
+    return frozenset(i for s in schedules for i in s.masks if all(i in t.masks for t, r in zip(schedules, reads)
+                                                                    if i in r))
 
 
 def _domain(dom: Optional[str], moderate: bool) -> Optional[str]:

@@ -9,7 +9,7 @@ from ..ir.loops import Var
 from ..ir.sizes import ceildiv, python
 from ..options import TileConfig
 from ..schedule.schedule import ScheduleError
-from . import check, loop
+from . import check, loop, ranges
 from .artifact import HELPERS_MODULE, Buffer, KernelSource
 from .body import Body
 from .emitter import Emitter
@@ -104,11 +104,13 @@ def emit_kernel(spec: KernelSpec, cfg: TileConfig) -> KernelSource:
             "PDL: tl.constexpr):",
             "    if PDL:", "        _after_prior()"]
     lines = head + ["    " + ln for ln in prog]
+    pre_src, pre = ranges.prologues(spec, cfg)
     src = "import triton\nimport triton.language as tl\n\n" + \
-        f"from {HELPERS_MODULE} import {', '.join(HELPERS)}\n\n\n@triton.jit\n" + "\n".join(lines) + "\n"
+        f"from {HELPERS_MODULE} import {', '.join(HELPERS)}\n\n\n@triton.jit\n" + "\n".join(lines) + "\n" + pre_src
     blocks = {str(v): em.blk[v] for v in em.blk}
     return KernelSource(spec.name, src, [_plain_shape(b) for b in buffers], (python(tiles),), cfg.num_warps,
-                        cfg.num_stages, blocks, bool(s.skip or s.special), c.slots > 0, spec.fixup_programs, size_args)
+                        cfg.num_stages, blocks, bool(s.skip or s.special or s.runtime), c.slots > 0,
+                        spec.fixup_programs, size_args, pre)
 
 
 def _plain_shape(b: Buffer) -> Buffer:

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 from ..analysis.facts import IDENTITY, negate
 from ..ir.loops import Affine, LNode
 from ..ir.sizes import Size, hint, source, symbolic
-from ..schedule.schedule import Accum, ScheduleError
-from . import check, forms
+from ..schedule.schedule import Accum, Schedule, ScheduleError
+from . import check, forms, ranges
 from .body import Body
 from .lower import lit
 from .tiles import Tiles
@@ -56,7 +56,14 @@ def segments(em: Tiles) -> list[tuple[str, str, frozenset, bool]]:
     for h in s.special:
         _outside(em, h, ulo, uhi)
         live.add(negate(h))
-    if s.skip or s.special:
+    if s.runtime:       # the range a pre-pass found outside the regions over masks read from tensors
+        rlo, rhi = ranges.load_range(em)
+        lo.append(rlo)
+        hi.append(rhi)
+        for h in _planes(s):      # the bulk also stays outside their one-sided half-planes: they fold there too
+            _outside(em, h, ulo, uhi)
+            live.add(negate(h))
+    if s.skip or s.special or s.runtime:
         # skipping and constant folding rely on finite inputs (x + -inf = -inf): `fin` is 0 in the fixup
         # pass, where every tile is computed, predicated, as eager computes it (see emit_kernel)
         em.pre.append(f"lo = {_fold('tl.maximum', lo)} * fin")
@@ -83,7 +90,8 @@ def segments(em: Tiles) -> list[tuple[str, str, frozenset, bool]]:
     for k, (a, b, los, his, bulk) in enumerate(pieces):
         ua, ub = ("ua", "ub") if k == 0 else ("ua2", "ub2")
         em.pre.append(f"{ua} = tl.minimum(tl.maximum({_fold('tl.maximum', los)}, {a}), {b})")
-        em.pre.append(f"{ub} = tl.maximum({ua}, {_fold('tl.minimum', his + ([b] if b != 'hi' else []))})")
+        # the bulk ends by `hi` where a run-time range may end before the compile-time bulk does
+        em.pre.append(f"{ub} = tl.maximum({ua}, {_fold('tl.minimum', his + ([b] if b != 'hi' or s.runtime else []))})")
         segs += [(a, ua, none, True), (ua, ub, frozenset(bulk), False), (ub, b, none, True)]
     for h in s.special:
         cl, kmin, _ = _span(em, h)
@@ -98,6 +106,19 @@ def segments(em: Tiles) -> list[tuple[str, str, frozenset, bool]]:
             em.pre.append(f"sp = lo + (tl.minimum(tl.maximum({end}, lo), {head}) - lo) * fin")
             segs = [("lo", "sp", frozenset([h]), True), ("sp", head, none, True)] + segs[1:]
     return segs
+
+
+def _planes(s: Schedule) -> list[Affine]:
+    """The half-planes along the loop of run-time regions bounded on one side (a causal part beside a padding
+    mask): the bulk, wholly outside them, runs their conditions' constants in place."""
+    L = s.loop
+    assert L is not None    # run-time regions are over a kernel's row and loop
+    out = []
+    for reg in s.runtime:
+        planes = [h for h in reg if isinstance(h, Affine) and h.coeff(L)]
+        up, down = [h for h in planes if h.coeff(L) > 0], [h for h in planes if h.coeff(L) < 0]
+        out += [] if up and down else up or down
+    return list(dict.fromkeys(out))
 
 
 def _inside(em: Tiles, h: Affine) -> str:
@@ -238,7 +259,8 @@ def placement(em: Tiles, ntiles: Size, grid1: Size) -> list[str]:
                 f"t = (pid - g * {span}) // gn", f"b = g * {group} + (pid - g * {span}) % gn"]
     if s.row is not None:
         # loop work grows with the row index (a gap's rows bound it on both sides, so it does not count)
-        ends = [h for reg in s.skip if reg != s.gap for h in reg if s.loop is not None and h.coeff(s.loop)]
+        ends = [h for reg in s.skip if reg != s.gap for h in reg if s.loop is not None and h.coeff(s.loop)] + \
+            (_planes(s) if s.runtime else [])
         grows = sum(h.coeff(s.row) for h in ends + s.special) < 0
         out.append(f"r0 = ({source(ntiles - 1)} - t) * {em.blk[s.row]}" if grows else f"r0 = t * {em.blk[s.row]}")
         out.append(f"o_{s.row} = r0 + tl.arange(0, {em.blk[s.row]})")

@@ -17,13 +17,14 @@ class CheckPlan:
     parts, this kernel checking part `part`; 0 slots: the plan has no check. `tiled` maps an input this
     kernel's tiles read whole to (that load, domain). Logs of inputs in `ftz` flush subnormals in the first
     pass (their check rejects subnormals too); the check tests an input in `narrowed` as its cast to that
-    type (analysis.facts.narrowed_inputs)."""
+    type (analysis.facts.narrowed_inputs); in inputs in `masks` (read only as masks, Schedule.masks) -inf passes."""
     slots: int = 0
     part: int = 0
     flat: Mapping[int, Optional[str]] = field(default_factory=dict)
     tiled: Mapping[int, tuple[LNode, Optional[str]]] = field(default_factory=dict)
     ftz: frozenset[int] = frozenset()
     narrowed: Mapping[int, torch.dtype] = field(default_factory=dict)
+    masks: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,13 @@ from ..ir.sizes import evaluate
 SIZES = ("sizes",)     # buffer key of the size symbols' values
 
 
-def load_kernel(k: KernelSource) -> Any:
-    """Import the kernel from a file named by its source hash (Triton's jit reads source from files)."""
+def load_kernel(k: KernelSource, name: Optional[str] = None) -> Any:
+    """Import the kernel (or another function of its module, a prologue's) from a file named by its source hash
+    (Triton's jit reads source from files)."""
     digest = hashlib.sha256(k.source.encode()).hexdigest()[:20]
     mod_name = f"ft_{k.name}_{digest}"
     if mod_name in sys.modules:
-        return getattr(sys.modules[mod_name], k.name)
+        return getattr(sys.modules[mod_name], name or k.name)
     path = knobs.cache_dir() / "kernels" / f"{mod_name}.py"
     if not path.exists() or path.read_text() != k.source:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -34,7 +35,7 @@ def load_kernel(k: KernelSource) -> Any:
     mod = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = mod
     spec.loader.exec_module(mod)
-    return getattr(mod, k.name)
+    return getattr(mod, name or k.name)
 
 
 @dataclass
@@ -54,8 +55,17 @@ class Launch:
         tiles = evaluate(self.source.grid[0], sizes)
         grid = (min(tiles, self.source.fixup_programs),) if fixup else (tiles,)
         pdl = _dependent_launch(args[0].device)     # the code waits, and lets the next kernel launch early
+        if not fixup:       # the fixup pass computes every tile: it reads no run-time range
+            for p, fn in zip(self.source.prologues, self.prologues):
+                fn[(evaluate(p.grid[0], sizes),)](*[buffers[b.source] for b in p.buffers], *[sizes[n] for n in p.sizes],
+                                                  PDL=pdl, launch_pdl=pdl and after_prior, num_warps=p.num_warps)
+                after_prior = True
         self.fn[grid](*args, MODE=int(fixup), PDL=pdl, launch_pdl=pdl and after_prior,
                       num_warps=self.source.num_warps, num_stages=self.source.num_stages)
+
+    @functools.cached_property
+    def prologues(self) -> list[Any]:
+        return [load_kernel(self.source, p.name) for p in self.source.prologues]
 
 
 @functools.cache
@@ -76,7 +86,7 @@ def allocate(source: KernelSource, buffers: dict, device: torch.device) -> None:
     """Create the outputs, intermediates and the (zeroed) finite-check flag `source` uses that `buffers`
     does not hold yet."""
     sizes = buffers.get(SIZES, {})
-    for b in source.buffers:
+    for b in source.buffers + [b for p in source.prologues for b in p.buffers]:
         if b.source == FINITE and FINITE not in buffers:
             buffers[FINITE] = torch.zeros(b.shape, dtype=b.dtype, device=device)
         elif b.source not in buffers:

@@ -2,12 +2,14 @@
 the plan cache can store."""
 from __future__ import annotations
 
+from ..analysis.atoms import show
 from .schedule import Schedule
 
 
 def describe(s: Schedule) -> dict[str, list[str] | str]:
     """roles (one line per loop variable), loop (the loop and how its reductions are carried), skipped and
-    folded (the half-planes whose tiles the loop skips, or runs with the facts' constants in place)."""
+    folded (the half-planes whose tiles the loop skips, or runs with the facts' constants in place), runtime (the
+    regions over masks read from tensors whose tiles a pre-pass finds and the loop skips)."""
     carried = []
     for a in s.accums.values():
         how = [f"{a.kind} over {s.loop} (pass {a.pass_ + 1})"]
@@ -24,4 +26,5 @@ def describe(s: Schedule) -> dict[str, list[str] | str]:
                 + ("; ".join(carried) or "no reductions"),
         "skipped": [" and ".join(f"{h} >= 0" for h in reg) for reg in s.skip],
         "folded": [f"{h} >= 0" for h in s.special],
+        "runtime": [" and ".join(map(show, reg)) for reg in s.runtime],
     }

@@ -22,10 +22,11 @@ from typing import Optional, Union
 
 import torch
 
-from ..analysis.facts import Facts, Region, negate
+from ..analysis.atoms import Atom, Exists, Scope, data_free
+from ..analysis.facts import Facts, Plane, Region, negate
 from ..analysis.precision import kept
 from ..analysis.roles import Roles, kernel_nodes, reduction_deps, roles
-from ..ir.loops import Affine, LNode, Var
+from ..ir.loops import Affine, LNode, Var, read_input
 from ..ir.reasons import NoPlanError
 from ..ir.sizes import hint, longer, symbolic
 from ..partition.plan import KernelPlan
@@ -63,13 +64,17 @@ class Schedule:
     whole: list[Var]
     accums: dict[LNode, Accum]
     passes: int
-    skip: list[Region]            # regions (conjunctions of half-planes) where no loop reduction changes
+    skip: list[Plane]             # regions (conjunctions of half-planes) where no loop reduction changes
     facts: Facts
     roles: Roles
     dots: dict[LNode, tuple]      # sum reductions emitted as tl.dot: node -> (A factors, B factors, K)
     special: list[Affine] = field(default_factory=list)   # at most one half-plane with a constant-folded body
     stepped: bool = False         # the loop takes one value of its variable per step: no tile axis
     moderate: frozenset[int] = frozenset()    # inputs checked to be moderate: skips by huge constants rely on it
+    # regions that hold conditions on masks read from tensors (analysis/atoms.py): a pre-pass gives each row tile
+    # its loop range outside them (codegen/ranges.py)
+    runtime: list[Region] = field(default_factory=list)
+    masks: frozenset[int] = frozenset()       # inputs read only as such masks (their -inf is no non-finite input)
 
     @property
     def order(self) -> list[Var]:
@@ -80,7 +85,7 @@ class Schedule:
         return [v for v in self.order if v in n.vars]
 
     @property
-    def gap(self) -> Optional[Region]:
+    def gap(self) -> Optional[Plane]:
         """The skipped region bounded on both sides along the loop (a gap in it), if there is one."""
         return next((r for r in self.skip if self.loop is not None and any(h.coeff(self.loop) > 0 for h in r)
                      and any(h.coeff(self.loop) < 0 for h in r)), None)
@@ -217,7 +222,8 @@ def _finish(plan, nodes, compute, boundary, batch, row, loop, whole, role, stepp
                                 f"(at most {MAX_WHOLE})")
     if any(v in batch for v in ([loop] if loop else [])):
         raise ScheduleError("loop variable is also a batch variable")
-    sched = Schedule(plan, nodes, boundary, batch, row, loop, whole, {}, 1, [], Facts().run(nodes), role, {},
+    scope = Scope(tuple(batch), row, loop, boundary) if row is not None and loop is not None and not stepped else None
+    sched = Schedule(plan, nodes, boundary, batch, row, loop, whole, {}, 1, [], Facts(scope).run(nodes), role, {},
                      stepped=stepped)
     # contractions -> tl.dot, and the tile-rank limit everywhere else
     dot_args: set[int] = set()
@@ -327,15 +333,21 @@ def _carry(sched: Schedule, compute: list[LNode], boundary: frozenset[LNode], lo
     allowed = {v for v in (sched.row, loop) if v is not None}
     if sched.stepped:     # skipped and constant-folded tiles are ranges of a tiled loop; a stepped one runs all
         return
-    sched.skip = _skipped(sched, reds, loop, allowed)
+    sched.skip, sched.runtime = _skipped(sched, reds, loop, allowed)
     sched.special = _special(sched, compute, loop, allowed)
-    if sched.skip or sched.special:     # what a skip by a huge constant relies on (Facts.neutral)
+    atoms = frozenset(sched.facts.atoms)
+    if sched.skip or sched.special or sched.runtime:     # what a skip by a huge constant relies on (Facts.neutral)
         huge_max = [r for r in reds if r.attrs["kind"] == "max" and sched.facts.huge.get(r.args[0])]
-        sched.moderate = frozenset(_inputs(sched.facts.vanishing + huge_max, boundary))
+        sched.moderate = frozenset(_inputs(sched.facts.vanishing + huge_max, boundary | atoms))
+    # an input read only by bool masks, or added to the scores as it is, may hold -inf: the pre-pass reads its
+    # values, and no fact assumes them finite (one computed from it, (1 - m) * x, stays checked)
+    plain = frozenset(a for a in atoms if a in sched.facts.bools or read_input(a) is not None)
+    sched.masks = frozenset(_inputs(list(plain), boundary) - _inputs(list(sched.plan.roots), boundary | plain))
 
 
 def _inputs(nodes: list[LNode], boundary: frozenset[LNode]) -> set[int]:
-    """The program inputs that `nodes` read, in this kernel."""
+    """The program inputs that `nodes` read, in this kernel (not through `boundary`: values loaded from earlier
+    kernels, or masks whose own values a run-time skip reads)."""
     out, seen, stack = set(), set(), list(nodes)
     while stack:
         n = stack.pop()
@@ -348,21 +360,40 @@ def _inputs(nodes: list[LNode], boundary: frozenset[LNode]) -> set[int]:
     return out
 
 
-def _skipped(sched: Schedule, reds: list[LNode], loop: Var, allowed: set) -> list[Region]:
-    """Regions over (row, loop) where no reduction of any pass can change its result (Facts.neutral), each a
-    conjunction the loop leaves out (codegen/loop.py), none contained in another. At most one of them may be
+def _skipped(sched: Schedule, reds: list[LNode], loop: Var, allowed: set) -> tuple[list[Plane], list[Region]]:
+    """Regions over (row, loop) where no reduction of any pass can change its result (Facts.neutral), none
+    contained in another: those of half-planes only, which the loop leaves out (codegen/loop.py), and those that
+    hold conditions on masks read from tensors, skipped at run time (`runtime`). At most one of the first may be
     bounded on both sides along the loop (a gap in it, such as the keys between attention sinks and a window)."""
-    per = [{frozenset(reg) for reg in sched.facts.neutral(r)
-            if reg and any(loop in h.vars for h in reg) and all(set(h.vars) <= allowed for h in reg)} for r in reds]
+    per = [{frozenset(reg) for reg in sched.facts.neutral(r) if reg and _loop_region(sched, reg, loop, allowed)}
+           for r in reds]
     common = [c for c in set().union(*per) if all(any(n <= c for n in regs) for regs in per)] if per else []
     common = [c for c in common if not any(o < c for o in common)]
-    out, gap = [], False
-    for reg in sorted((tuple(sorted(c, key=str)) for c in common), key=lambda r: [str(h) for h in r]):
-        two_sided = any(h.coeff(loop) > 0 for h in reg) and any(h.coeff(loop) < 0 for h in reg)
+    out: list[Plane] = []
+    gap = False
+    ordered = sorted((tuple(sorted(c, key=str)) for c in common), key=lambda r: [str(h) for h in r])
+    for reg in ordered:
+        if not data_free(reg):
+            continue
+        plane = tuple(h for h in reg if isinstance(h, Affine))
+        two_sided = any(h.coeff(loop) > 0 for h in plane) and any(h.coeff(loop) < 0 for h in plane)
         if not (two_sided and gap):
             gap = gap or two_sided
-            out.append(reg)
-    return out
+            out.append(plane)
+    return out, [reg for reg in ordered if not data_free(reg)]
+
+
+def _loop_region(sched: Schedule, reg: Region, loop: Var, allowed: set) -> bool:
+    """Whether a region bounds tiles of the loop: some condition varies along it, the half-planes are over the row
+    and loop, and every condition on the data is one a pre-pass evaluates over the kernel's row and loop tiles
+    (an Exists over one of them, of half-planes and atoms)."""
+    def fits(c: object) -> bool:
+        if isinstance(c, Affine):
+            return set(c.vars) <= allowed
+        if isinstance(c, Exists):
+            return c.var in allowed and all(fits(x) for x in c.region)
+        return isinstance(c, Atom)
+    return any(loop in c.vars for c in reg) and all(fits(c) for c in reg)
 
 
 def _special(sched: Schedule, compute: list[LNode], loop: Var, allowed: set) -> list[Affine]:
@@ -382,7 +413,7 @@ def _special(sched: Schedule, compute: list[LNode], loop: Var, allowed: set) -> 
     for n in compute:
         if loop in n.vars and reads_data(n):
             for reg, _ in sched.facts.of(n):
-                h = reg[0] if len(reg) == 1 else None
+                h = reg[0] if len(reg) == 1 and isinstance(reg[0], Affine) else None
                 if h is not None and loop in h.vars and set(h.vars) <= allowed and h not in known:
                     count[h] = count.get(h, 0) + 1
     return [max(count, key=lambda h: (count[h], str(h)))] if count else []

@@ -1,0 +1,308 @@
+"""Masks read from tensors skip tiles at run time (codegen/ranges.py): Hugging Face's 4-D additive mask of 0 and
+finfo.min passed in, bool masks passed in (torch.where, masked_fill) and masks captured from the enclosing scope. A
+pre-pass gives each row tile the loop range outside the masked tiles; a row tile with a fully masked row keeps the
+full range (eager's uniform row under finfo.min, NaN under -inf); column statistics get ranges per key tile.
+
+Each test matches eager and checks the skip three ways: explain lists the run-time regions, the pre-pass's ranges
+leave out only tiles that are masked on every row (and no fully masked row's tiles), and the kernel's loop visits
+exactly the tiles in those ranges (its tl.dot calls, counted in Triton's interpreter, against the same program on a
+mask that masks nothing)."""
+import math
+import warnings
+
+import pytest
+import torch
+from triton.runtime import interpreter
+
+import flashtensor as ft
+from conftest import assert_close
+from flashtensor.codegen.artifact import FINITE
+from flashtensor.options import TileConfig
+from flashtensor.runtime.launch import run_kernels
+from flashtensor.testing import compare_with_exact
+
+B, H, S, D = 2, 2, 64, 16
+BLOCK = 16
+TILES = (TileConfig(BLOCK, BLOCK, 4, 2),)     # small tiles, so that the small shapes have tiles to skip
+
+
+# ---- the programs, as transformers, kvpress and research code write them -----------------------------------------
+
+def hf_attention(query, key, value, attention_mask):
+    """transformers' eager_attention_forward: the additive mask added to the scaled scores, softmax in float32."""
+    attn_weights = torch.matmul(query, key.transpose(2, 3)) * D ** -0.5
+    attn_weights = attn_weights + attention_mask
+    attn_weights = torch.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(attn_weights, value)
+
+
+def hf_h2o(query, key, value, attention_mask):
+    """The same attention with H2O's column sums of the probabilities (a kernel whose loop runs over queries)."""
+    attn_weights = torch.matmul(query, key.transpose(2, 3)) * D ** -0.5 + attention_mask
+    p = torch.softmax(attn_weights, dim=-1, dtype=torch.float32)
+    return torch.matmul(p.to(query.dtype), value), p.sum(dim=-2)
+
+
+def where_attention(fill):
+    def fn(q, k, v, keep):
+        s = q @ k.transpose(-1, -2) / math.sqrt(D)
+        s = torch.where(keep, s, fill(s.dtype))
+        return torch.softmax(s.float(), dim=-1).to(q.dtype) @ v
+    return fn
+
+
+def masked_fill_attention(fill):
+    def fn(q, k, v, keep):
+        s = q @ k.transpose(-1, -2) / math.sqrt(D)
+        return torch.softmax(s.masked_fill(~keep, fill(s.dtype)).float(), dim=-1).to(q.dtype) @ v
+    return fn
+
+
+def captured_attention(keep, fill):
+    """A bool mask built outside the function and captured (kvpress, research code): a constant of the plan."""
+    def fn(q, k, v):
+        s = q @ k.transpose(-1, -2) / math.sqrt(D)
+        s = s.masked_fill(~keep, fill(s.dtype))
+        return torch.softmax(s.float(), dim=-1).to(q.dtype) @ v
+    return fn
+
+
+FINFO_MIN = lambda dt: torch.finfo(dt).min      # noqa: E731
+NEG_INF = lambda dt: -math.inf                  # noqa: E731
+MINUS_1E9 = lambda dt: -1e9                     # noqa: E731
+
+
+# ---- the masks: which keys each query keeps, (B, 1, S, S) ----------------------------------------------------------
+
+def _index():
+    return torch.arange(S)[:, None], torch.arange(S)[None, :]
+
+
+def causal():
+    i, j = _index()
+    return (j <= i).expand(B, 1, S, S)
+
+
+def window(w=20):
+    i, j = _index()
+    return ((j <= i) & (j > i - w)).expand(B, 1, S, S)
+
+
+def sinks(n_sink=4, w=16):
+    i, j = _index()
+    return ((j <= i) & ((j < n_sink) | (j > i - w))).expand(B, 1, S, S)
+
+
+def left_padding(lengths=(S, S - 21)):
+    """transformers' causal mask of a left-padded batch: sequence b's first S - lengths[b] keys are padding, and its
+    padded query rows keep no key (fully masked rows)."""
+    i, j = _index()
+    pads = torch.tensor([S - n for n in lengths])[:, None, None, None]
+    return (j <= i) & (j >= pads)
+
+
+MASKS = {"causal": causal, "window": window, "sinks": sinks, "left_padding": left_padding}
+
+
+def _additive(keep, dtype):
+    """The 4-D additive mask transformers builds for eager attention: 0 where kept, finfo(dtype).min elsewhere."""
+    return torch.where(keep, 0.0, torch.finfo(dtype).min).to(dtype)
+
+
+def _qkv(dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, H, S, D, generator=g).to(dtype) for _ in range(3)]
+
+
+# ---- how the checks see a plan -------------------------------------------------------------------------------------
+
+def _compiled(fn, args):
+    """ft.compile at the small tiles, called once, matching eager (bf16 by docs/design.md §6's float64 rule: eager's
+    bf16 is itself 3-5e-3 from the exact answer, and the interpreter's further)."""
+    compiled = ft.compile(fn, cache=False, configs=TILES)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = compiled(*args)
+    ref = fn(*args)
+    if args[0].dtype == torch.bfloat16:
+        exact = fn(*[a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args])
+        m = compare_with_exact(out, ref, exact)
+        assert m.ok, m.problem
+    else:
+        assert_close(out, ref)
+    prog = compiled.program_for(args)
+    assert prog.launches, prog.notes
+    return compiled, prog
+
+
+def _buffers(prog, args):
+    """Every buffer of one run of the plan's kernels (the pre-passes' ranges among them)."""
+    tensors = [args[i] for i in prog.tensor_positions]
+    return run_kernels(prog.launches, tensors + prog.consts, tensors[0].device, prog.sizes(tensors))
+
+
+def _ranges(prog, args) -> list[torch.Tensor]:
+    """Each kernel's run-time ranges (batch entries, row tiles, 2), in plan order (None for a kernel without)."""
+    bufs = _buffers(prog, args)
+    return [next((bufs[b.source] for b in k.buffers if b.source[0] == "ranges"), None) for k in prog.kernels]
+
+
+def _check_ranges(r: torch.Tensor, masked: torch.Tensor, transposed: bool = False) -> tuple[int, int]:
+    """The ranges of a kernel over query tiles looping over keys (or, transposed, over key tiles looping over queries)
+    against eager's masked elements (batch entries, S, S): every loop position a range leaves out is masked on every
+    row of its tile, and a query row with no key kept (whose row max eager takes over masked scores) is never left
+    out. Returns the loop tiles visited and all of them."""
+    full = masked.all(-1)                                   # (batch entries, queries): fully masked rows
+    grid = masked.transpose(-1, -2) if transposed else masked
+    visited = total = 0
+    for b in range(r.shape[0]):
+        for t in range(r.shape[1]):
+            lo, hi = r[b, t].tolist()
+            rows = grid[b, t * BLOCK:(t + 1) * BLOCK]
+            out = [x for x in range(S) if not lo <= x < hi]
+            assert rows[:, out].all(), (b, t, lo, hi)
+            if transposed:
+                assert not full[b, out].any(), (b, t, lo, hi)
+            elif full[b, t * BLOCK:(t + 1) * BLOCK].any():
+                assert lo == 0 and hi >= S, (b, t, lo, hi)
+            visited += max(0, math.ceil(min(hi, S) / BLOCK) - lo // BLOCK)
+            total += math.ceil(S / BLOCK)
+    return visited, total
+
+
+def _dots(compiled, args) -> int:
+    """tl.dot calls of one call of a planned program, in Triton's interpreter: the loop tiles its kernels visit."""
+    count = [0]
+    dot = interpreter.InterpreterBuilder.create_dot
+
+    def counted(self, *a, **k):
+        count[0] += 1
+        return dot(self, *a, **k)
+    interpreter.InterpreterBuilder.create_dot = counted
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compiled(*args)
+    finally:
+        interpreter.InterpreterBuilder.create_dot = dot
+    return count[0]
+
+
+def _skips(fn, args, masked, none) -> None:
+    """fn(*args) matches eager, explain lists run-time regions, its ranges leave out masked tiles only, and the
+    kernel visits exactly the tiles in them: its dots against those of fn on `none`, the arguments with a mask that
+    masks nothing."""
+    compiled, prog = _compiled(fn, args)
+    props = ft.explain(compiled, *args).properties
+    assert props[0].runtime and not props[0].skipped, props
+    visited, total = _check_ranges(_ranges(prog, args)[0], masked)
+    assert visited < total
+    unmasked, _ = _compiled(fn, none)
+    assert _dots(compiled, args) * total == _dots(unmasked, none) * visited
+
+
+# ---- additive masks passed in ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+def test_hf_additive_masks_skip_their_masked_tiles(mask, dtype):
+    keep = MASKS[mask]()
+    q, k, v = _qkv(dtype)
+    _skips(hf_attention, (q, k, v, _additive(keep, dtype)), ~keep[:, 0], (q, k, v, _additive(keep | True, dtype)))
+
+
+def test_left_padded_rows_are_uniform_as_eager():
+    """A padded query row keeps no key: eager's finfo.min absorbs its scores, so its probabilities are uniform over
+    every key. Its row tile computes every tile (the test above checks the range), and the rows match eager."""
+    keep = left_padding()
+    q, k, v = _qkv(torch.float32, 1)
+    mask = _additive(keep, torch.float32)
+    p = torch.softmax(q @ k.transpose(-1, -2) * D ** -0.5 + mask, dim=-1)
+    assert torch.allclose(p[1, :, :21], torch.full_like(p[1, :, :21], 1 / S))
+    _compiled(hf_attention, (q, k, v, mask))
+
+
+@pytest.mark.parametrize("mask", ["causal", "left_padding"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_column_sums_skip_by_ranges_over_query_tiles(mask, dtype):
+    """H2O's column sums loop over queries per key tile: the ranges are transposed (per key tile, the first and last
+    query tile that keeps one of its keys), and a fully masked query row (uniform in eager, so it adds 1 / S to every
+    column) is in every key tile's range."""
+    keep = MASKS[mask]()
+    q, k, v = _qkv(dtype, 2)
+    args = (q, k, v, _additive(keep, dtype))
+    compiled, prog = _compiled(hf_h2o, args)
+    assert len(prog.kernels) == 2 and all(p.runtime for p in ft.explain(compiled, *args).properties)
+    rows, cols = _ranges(prog, args)
+    assert _check_ranges(rows, ~keep[:, 0])[0] < _check_ranges(rows, ~keep[:, 0])[1]
+    visited, total = _check_ranges(cols, ~keep[:, 0], transposed=True)
+    assert visited < total
+
+
+# ---- bool masks passed in, and captured ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fill", [FINFO_MIN, NEG_INF, MINUS_1E9], ids=["finfo.min", "-inf", "-1e9"])
+@pytest.mark.parametrize("build", [where_attention, masked_fill_attention], ids=["where", "masked_fill"])
+@pytest.mark.parametrize("mask", ["causal", "sinks"])
+def test_bool_masks_passed_in_skip_their_masked_tiles(mask, build, fill):
+    keep = MASKS[mask]()
+    q, k, v = _qkv(torch.float32, 3)
+    _skips(build(fill), (q, k, v, keep), ~keep[:, 0], (q, k, v, keep | True))
+
+
+@pytest.mark.parametrize("fill", [FINFO_MIN, NEG_INF], ids=["finfo.min", "-inf"])
+def test_fully_masked_bool_rows_match_eager(fill):
+    """A query row that keeps no key: uniform under finfo.min, NaN under -inf, as eager; the kernel's other rows
+    still skip."""
+    keep = left_padding()
+    q, k, v = _qkv(torch.float32, 4)
+    _skips(where_attention(fill), (q, k, v, keep), ~keep[:, 0], (q, k, v, keep | True))
+
+
+@pytest.mark.parametrize("fill", [FINFO_MIN, NEG_INF], ids=["finfo.min", "-inf"])
+@pytest.mark.parametrize("mask", ["causal", "window", "sinks"])
+def test_captured_bool_masks_skip_their_masked_tiles(mask, fill):
+    """The mask built outside and captured: (S, S), shared by the batch and the heads."""
+    keep = MASKS[mask]()[0, 0].clone()
+    q, k, v = _qkv(torch.float32, 5)
+    fn = captured_attention(keep, fill)
+    compiled, prog = _compiled(fn, (q, k, v))
+    assert ft.explain(compiled, q, k, v).properties[0].runtime
+    visited, total = _check_ranges(_ranges(prog, (q, k, v))[0], ~keep[None])
+    assert visited < total
+    unmasked, _ = _compiled(captured_attention(torch.ones(S, S, dtype=torch.bool), fill), (q, k, v))
+    assert _dots(compiled, (q, k, v)) * total == _dots(unmasked, (q, k, v)) * visited
+
+
+# ---- what the finite check still does -----------------------------------------------------------------------------
+
+def test_an_additive_mask_of_minus_inf_passes_the_finite_check():
+    """torch.nn.Transformer.generate_square_subsequent_mask: 0 and -inf. The pre-pass reads the mask's -inf as
+    masked, so the finite check lets it pass: no fixup pass runs (the flag stays 0)."""
+    keep = causal()
+    q, k, v = _qkv(torch.float32, 6)
+    args = (q, k, v, torch.where(keep, 0.0, -math.inf))
+    _, prog = _compiled(hf_attention, args)
+    assert _buffers(prog, args)[FINITE].item() == 0
+
+
+def test_a_nan_score_still_takes_the_fixup_pass():
+    """A NaN in k at a key the mask hides: eager's s + finfo.min is NaN there, and so its row. The skipped tile
+    would lose it; the finite check finds it and the fixup pass computes every tile."""
+    keep = causal()
+    q, k, v = _qkv(torch.float32, 7)
+    k[0, 0, S - 1, 0] = math.nan          # only the last query keeps this key
+    args = (q, k, v, _additive(keep, torch.float32))
+    _, prog = _compiled(hf_attention, args)
+    assert _buffers(prog, args)[FINITE].isnan().all()
+
+
+# ---- what does not skip at run time --------------------------------------------------------------------------------
+
+def test_a_mask_per_head_is_read_once_not_twice():
+    """A (B, H, S, S) mask shares no batch variable: a pre-pass would read it once more, as much as the kernel does
+    (a bias per head rarely masks), so it skips nothing; it still matches eager."""
+    keep = causal().expand(B, H, S, S).contiguous()
+    q, k, v = _qkv(torch.float32, 8)
+    compiled, _ = _compiled(hf_attention, (q, k, v, _additive(keep, torch.float32)))
+    assert not ft.explain(compiled, q, k, v, _additive(keep, torch.float32)).properties[0].runtime
