@@ -116,10 +116,10 @@ def _qkv(dtype, seed=0):
 
 # ---- how the checks see a plan -------------------------------------------------------------------------------------
 
-def _compiled(fn, args):
+def _compiled(fn, args, tiles=TILES):
     """ft.compile at the small tiles, called once, matching eager (bf16 by docs/design.md §6's float64 rule: eager's
     bf16 is itself 3-5e-3 from the exact answer, and the interpreter's further)."""
-    compiled = ft.compile(fn, cache=False, configs=TILES)
+    compiled = ft.compile(fn, cache=False, configs=tiles)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out = compiled(*args)
@@ -147,26 +147,31 @@ def _ranges(prog, args) -> list[torch.Tensor]:
     return [next((bufs[b.source] for b in k.buffers if b.source[0] == "ranges"), None) for k in prog.kernels]
 
 
-def _check_ranges(r: torch.Tensor, masked: torch.Tensor, transposed: bool = False) -> tuple[int, int]:
+def _check_ranges(r: torch.Tensor, masked: torch.Tensor, transposed: bool = False, rows: int = BLOCK,
+                  split: int = 1) -> tuple[int, int]:
     """The ranges of a kernel over query tiles looping over keys (or, transposed, over key tiles looping over queries)
-    against eager's masked elements (batch entries, S, S): every loop position a range leaves out is masked on every
-    row of its tile, and a query row with no key kept (whose row max eager takes over masked scores) is never left
-    out. Returns the loop tiles visited and all of them."""
+    against eager's masked elements (batch entries, S, S), one per block of `rows` rows (`split` of them a row tile of
+    the kernel): every loop position a range leaves out is masked on every row of its block, and a query row with no
+    key kept (whose row max eager takes over masked scores) is never left out. Returns the loop tiles the kernel
+    visits (the union of its row tile's ranges) and all of them."""
     full = masked.all(-1)                                   # (batch entries, queries): fully masked rows
     grid = masked.transpose(-1, -2) if transposed else masked
+    n = masked.shape[-1]
     visited = total = 0
     for b in range(r.shape[0]):
         for t in range(r.shape[1]):
             lo, hi = r[b, t].tolist()
-            rows = grid[b, t * BLOCK:(t + 1) * BLOCK]
-            out = [x for x in range(S) if not lo <= x < hi]
-            assert rows[:, out].all(), (b, t, lo, hi)
+            block = grid[b, t * rows:(t + 1) * rows]
+            out = [x for x in range(n) if not lo <= x < hi]
+            assert block[:, out].all(), (b, t, lo, hi)
             if transposed:
                 assert not full[b, out].any(), (b, t, lo, hi)
-            elif full[b, t * BLOCK:(t + 1) * BLOCK].any():
-                assert lo == 0 and hi >= S, (b, t, lo, hi)
-            visited += max(0, math.ceil(min(hi, S) / BLOCK) - lo // BLOCK)
-            total += math.ceil(S / BLOCK)
+            elif full[b, t * rows:(t + 1) * rows].any():
+                assert lo == 0 and hi >= n, (b, t, lo, hi)
+        for t in range(0, r.shape[1], split):
+            lo, hi = r[b, t:t + split, 0].min().item(), r[b, t:t + split, 1].max().item()
+            visited += max(0, math.ceil(min(hi, n) / BLOCK) - lo // BLOCK)
+            total += math.ceil(n / BLOCK)
     return visited, total
 
 
@@ -188,16 +193,16 @@ def _dots(compiled, args) -> int:
     return count[0]
 
 
-def _skips(fn, args, masked, none) -> None:
+def _skips(fn, args, masked, none, tiles=TILES, rows=BLOCK) -> None:
     """fn(*args) matches eager, explain lists run-time regions, its ranges leave out masked tiles only, and the
     kernel visits exactly the tiles in them: its dots against those of fn on `none`, the arguments with a mask that
     masks nothing."""
-    compiled, prog = _compiled(fn, args)
+    compiled, prog = _compiled(fn, args, tiles)
     props = ft.explain(compiled, *args).properties
     assert props[0].runtime and not props[0].skipped, props
-    visited, total = _check_ranges(_ranges(prog, args)[0], masked)
+    visited, total = _check_ranges(_ranges(prog, args)[0], masked, rows=rows, split=tiles[0].block_row // rows)
     assert visited < total
-    unmasked, _ = _compiled(fn, none)
+    unmasked, _ = _compiled(fn, none, tiles)
     assert _dots(compiled, args) * total == _dots(unmasked, none) * visited
 
 
@@ -209,6 +214,18 @@ def test_hf_additive_masks_skip_their_masked_tiles(mask, dtype):
     keep = MASKS[mask]()
     q, k, v = _qkv(dtype)
     _skips(hf_attention, (q, k, v, _additive(keep, dtype)), ~keep[:, 0], (q, k, v, _additive(keep | True, dtype)))
+
+
+def test_a_row_tile_is_read_by_blocks_of_32_rows():
+    """A row tile of 64 is two pre-pass programs of 32 rows (so that every multiprocessor reads); the kernel takes
+    the union of their ranges. At 160 keys, with 40 of them padding in one sequence."""
+    n = 160
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    keep = (j <= i) & (j >= torch.tensor([0, 40])[:, None, None, None])
+    g = torch.Generator().manual_seed(9)
+    q, k, v = [torch.randn(B, H, n, D, generator=g).half() for _ in range(3)]
+    _skips(hf_attention, (q, k, v, _additive(keep, torch.float16)), ~keep[:, 0],
+           (q, k, v, _additive(keep | True, torch.float16)), tiles=(TileConfig(64, BLOCK, 4, 2),), rows=32)
 
 
 def test_left_padded_rows_are_uniform_as_eager():
