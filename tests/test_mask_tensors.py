@@ -150,27 +150,31 @@ def _ranges(prog, args) -> list[torch.Tensor]:
 def _check_ranges(r: torch.Tensor, masked: torch.Tensor, transposed: bool = False, rows: int = BLOCK,
                   split: int = 1) -> tuple[int, int]:
     """The ranges of a kernel over query tiles looping over keys (or, transposed, over key tiles looping over queries)
-    against eager's masked elements (batch entries, S, S), one per block of `rows` rows (`split` of them a row tile of
-    the kernel): every loop position a range leaves out is masked on every row of its block, and a query row with no
-    key kept (whose row max eager takes over masked scores) is never left out. Returns the loop tiles the kernel
-    visits (the union of its row tile's ranges) and all of them."""
+    against eager's masked elements (batch entries, S, S), one range [lo, hi) less a gap [ga, gb) per block of
+    `rows` rows (`split` of them a row tile of the kernel): every loop position they leave out is masked on every
+    row of its block, and a query row with no key kept (whose row max eager takes over masked scores) is never left
+    out. Returns the loop tiles the kernel visits (the union of its row tile's ranges, less the gap they share) and
+    all of them."""
     full = masked.all(-1)                                   # (batch entries, queries): fully masked rows
     grid = masked.transpose(-1, -2) if transposed else masked
     n = masked.shape[-1]
     visited = total = 0
     for b in range(r.shape[0]):
         for t in range(r.shape[1]):
-            lo, hi = r[b, t].tolist()
+            lo, hi, ga, gb = r[b, t].tolist()
             block = grid[b, t * rows:(t + 1) * rows]
-            out = [x for x in range(n) if not lo <= x < hi]
-            assert block[:, out].all(), (b, t, lo, hi)
+            out = [x for x in range(n) if not lo <= x < hi or ga <= x < gb]
+            assert block[:, out].all(), (b, t, lo, hi, ga, gb)
             if transposed:
-                assert not full[b, out].any(), (b, t, lo, hi)
+                assert not full[b, out].any(), (b, t, lo, hi, ga, gb)
             elif full[b, t * rows:(t + 1) * rows].any():
-                assert lo == 0 and hi >= n, (b, t, lo, hi)
+                assert lo == 0 and hi >= n and ga == gb, (b, t, lo, hi, ga, gb)
         for t in range(0, r.shape[1], split):
-            lo, hi = r[b, t:t + split, 0].min().item(), r[b, t:t + split, 1].max().item()
-            visited += max(0, math.ceil(min(hi, n) / BLOCK) - lo // BLOCK)
+            tile = r[b, t:t + split]
+            lo, hi = tile[:, 0].min().item(), min(tile[:, 1].max().item(), n)
+            ga = min(max(tile[:, 2].max().item(), lo), hi)
+            gb = max(ga, min(tile[:, 3].min().item(), hi))
+            visited += max(0, math.ceil(hi / BLOCK) - lo // BLOCK) - (gb - ga) // BLOCK
             total += math.ceil(n / BLOCK)
     return visited, total
 
@@ -226,6 +230,17 @@ def test_a_row_tile_is_read_by_blocks_of_32_rows():
     q, k, v = [torch.randn(B, H, n, D, generator=g).half() for _ in range(3)]
     _skips(hf_attention, (q, k, v, _additive(keep, torch.float16)), ~keep[:, 0],
            (q, k, v, _additive(keep | True, torch.float16)), tiles=(TileConfig(64, BLOCK, 4, 2),), rows=32)
+
+
+def test_sinks_and_a_window_leave_a_gap():
+    """StreamingLLM's sinks and window as a mask passed in: a row tile past the window keeps the sink tile and the
+    window's; the keys between are a gap its loop steps over."""
+    keep = sinks()
+    q, k, v = _qkv(torch.float32, 10)
+    args = (q, k, v, _additive(keep, torch.float32))
+    _skips(hf_attention, args, ~keep[:, 0], (q, k, v, _additive(keep | True, torch.float32)))
+    r = _ranges(_compiled(hf_attention, args)[1], args)[0]
+    assert (r[..., 3] > r[..., 2]).any(), r
 
 
 def test_left_padded_rows_are_uniform_as_eager():

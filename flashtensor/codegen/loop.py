@@ -57,7 +57,7 @@ def segments(em: Tiles) -> list[tuple[str, str, frozenset, bool]]:
         _outside(em, h, ulo, uhi)
         live.add(negate(h))
     if s.runtime:       # the range a pre-pass found outside the regions over masks read from tensors
-        rlo, rhi = ranges.load_range(em)
+        rlo, rhi, rga, rgb = ranges.load_range(em)
         lo.append(rlo)
         hi.append(rhi)
         for h in _planes(s):      # the bulk also stays outside their one-sided half-planes: they fold there too
@@ -72,6 +72,9 @@ def segments(em: Tiles) -> list[tuple[str, str, frozenset, bool]]:
         em.pre.append("lo = 0")
         em.pre.append(f"hi = {L.extent}")
     pieces = [("lo", "hi", ulo, uhi, live)]
+    if s.runtime_gap:   # the largest gap the pre-pass found: every loop steps over it (loop_header)
+        em.pre.append(f"ga = tl.minimum(tl.maximum({rga}, lo), hi)")
+        em.pre.append(f"gb = ga + (tl.maximum(ga, tl.minimum({rgb}, hi)) - ga) * fin")
     if gap is not None:
         ups, downs, rows = gap
         start = f"({_fold('tl.maximum', [_inside(em, h) for h in ups])} + {bl - 1}) // {bl} * {bl}"
@@ -106,6 +109,23 @@ def segments(em: Tiles) -> list[tuple[str, str, frozenset, bool]]:
             em.pre.append(f"sp = lo + (tl.minimum(tl.maximum({end}, lo), {head}) - lo) * fin")
             segs = [("lo", "sp", frozenset([h]), True), ("sp", head, none, True)] + segs[1:]
     return segs
+
+
+def loop_header(em: Tiles, k: int, lo: str, hi: str, stages: int) -> list[str]:
+    """The header of segment k's loop over [lo, hi), tiles of the loop variable at `l0`. With a gap found at run
+    time, the loop counts the segment's tiles outside it and steps over it (one loop, not one per side, so the body
+    is not printed twice; Triton still pipelines its loads)."""
+    bl = em.blk[em.s.loop] if em.s.loop is not None else 1
+    if not em.s.runtime_gap:
+        # tl.range with explicit stages: Triton then also pipelines the loop's loads that feed no dot. A loop that
+        # runs starts at a multiple of the block (see segments); said so, Triton loads a tile contiguous along the
+        # loop variable (KeyFormer's noise) in 16-byte pieces, not 4
+        return [f"for l0 in tl.range(tl.multiple_of({lo}, {bl}), {hi}, {bl}, num_stages={stages}):"]
+    # counted in tiles, so that l0 is a multiple of the block by its arithmetic: a tl.multiple_of hint on it made
+    # Triton 3.6's sm_90 pipeline fail on a bool mask's loads (cp.async of 1 byte)
+    return [f"g0_{k} = tl.maximum({lo}, ga)", f"gn_{k} = tl.maximum(tl.minimum({hi}, gb) - g0_{k}, 0)",
+            f"for n0 in tl.range({lo} // {bl}, ({hi} - gn_{k} + {bl - 1}) // {bl}, num_stages={stages}):",
+            f"    l0 = (n0 + tl.where(n0 >= g0_{k} // {bl}, gn_{k} // {bl}, 0)) * {bl}"]
 
 
 def _planes(s: Schedule) -> list[Affine]:

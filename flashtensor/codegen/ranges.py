@@ -37,6 +37,7 @@ WARPS = 8        # of a pre-pass program
 ROWS = 32        # rows per program of the range pre-pass
 STEP = 8192      # elements per step of its loop (several loop tiles)
 STAGES = 3       # its loads in flight
+UNION = ("min", "max", "max", "min")    # a row tile's lo, hi, gap start and end from its row blocks'
 
 
 class _Prepass(Emitter):
@@ -71,22 +72,23 @@ def prologues(spec: KernelSpec, cfg: TileConfig) -> tuple[str, list[Prologue]]:
     return src, out
 
 
-def load_range(em: Tiles) -> tuple[str, str]:
-    """Lines (into the kernel's `pre`) loading this program's run-time range, the union of its row blocks'; the
-    names of its bounds."""
+def load_range(em: Tiles) -> tuple[str, str, str, str]:
+    """Lines (into the kernel's `pre`) loading this program's run-time range and gap: the union of its row blocks'
+    ranges, the part of their gaps they all share; the names of the four bounds."""
     s = em.s
     assert s.row is not None    # run-time regions are over a kernel's row and loop
     br = em.blk[s.row]
     _, split = _split(br)
     key, shape = _range_buffer(em, split)
     buf = em.buffer(key, shape, torch.int32, "intermediate")
-    at = f"(({_linear(_batch(s))[0]}) * {source(shape[1])} + r0 // {br} * {split}) * 2"
+    at = f"(({_linear(_batch(s))[0]}) * {source(shape[1])} + r0 // {br} * {split}) * 4"
+    names = ("rlo", "rhi", "rga", "rgb")
     if split == 1:
-        em.pre += [f"rt = {at}", f"rlo = tl.load({buf} + rt)", f"rhi = tl.load({buf} + rt + 1)"]
+        em.pre += [f"rt = {at}"] + [f"{x} = tl.load({buf} + rt + {k})" for k, x in enumerate(names)]
     else:
-        em.pre += [f"rt = {at} + tl.arange(0, {split}) * 2",
-                   f"rlo = tl.min(tl.load({buf} + rt), 0)", f"rhi = tl.max(tl.load({buf} + rt + 1), 0)"]
-    return "rlo", "rhi"
+        em.pre += [f"rt = {at} + tl.arange(0, {split}) * 4"]
+        em.pre += [f"{x} = tl.{fn}(tl.load({buf} + rt + {k}), 0)" for k, (x, fn) in enumerate(zip(names, UNION))]
+    return names
 
 
 # ---- what the pre-passes read and write -----------------------------------------------------------------------
@@ -134,11 +136,11 @@ def _split(br: int) -> tuple[int, int]:
 
 
 def _range_buffer(em: Tiles, split: int) -> tuple[tuple, tuple[Any, ...]]:
-    """Key and shape of the kernel's range buffer: (batch entries, row tiles times `split`, 2) int32, each a row
-    block's [lo, hi)."""
+    """Key and shape of the kernel's range buffer: (batch entries, row tiles times `split`, 4) int32, each a row
+    block's range [lo, hi) and the largest gap [ga, gb) inside it."""
     s = em.s
     assert s.row is not None
-    shape = (_linear(_batch(s))[1], ceildiv(s.row.extent, em.blk[s.row]) * split, 2)
+    shape = (_linear(_batch(s))[1], ceildiv(s.row.extent, em.blk[s.row]) * split, 4)
     return ("ranges", em.spec.name, *(str(python(d)) for d in shape)), shape
 
 
@@ -212,33 +214,42 @@ def _ranges(em: Tiles) -> tuple[list[str], Size]:
     lines += _decompose(_batch(s), "b") + [f"o_{R} = t * {rows} + tl.arange(0, {rows})", f"rows = o_{R} < {ext_r}"]
     lines += [f"e{n} = tl.zeros([{rows}], tl.int32)" for n in range(len(inline))]
     lines += [f"sub = tl.arange(0, {k})"] if k > 1 else []
-    for x in kinds:
-        lines += [f"lo_{x} = tl.zeros([], tl.int32) + {past}", f"hi_{x} = tl.zeros([], tl.int32)"]
+    for x in kinds:     # the range so far, the end of its last live tile, the largest gap so far
+        lines += [f"lo_{x} = tl.zeros([], tl.int32) + {past}", f"hi_{x} = tl.zeros([], tl.int32)",
+                  f"end_{x} = tl.zeros([], tl.int32) - 1", f"ga_{x} = tl.zeros([], tl.int32)",
+                  f"gb_{x} = tl.zeros([], tl.int32)"]
     step = []
     for x, regs in kinds.items():
         live = f"((({' | '.join(f'({_conjunction(em, r, ctx, names)})' for r in regs) or 'False'}) == 0) & ok)"
         if k > 1:       # each loop tile's flag, from the step's
             tiles = f"tl.reshape({live}.to(tl.int32), ({rows}, {k}, {bl}))"
-            step += [f"    live_{x} = tl.max(tl.max({tiles}, axis=2), axis=0)",
-                     f"    first_{x} = tl.min(tl.where(live_{x} != 0, sub, {k}), 0)",
-                     f"    last_{x} = tl.max(tl.where(live_{x} != 0, sub + 1, 0), 0)",
-                     f"    lo_{x} = tl.where(first_{x} < {k}, tl.minimum(lo_{x}, l0 + first_{x} * {bl}), lo_{x})",
-                     f"    hi_{x} = tl.where(last_{x} > 0, l0 + last_{x} * {bl}, hi_{x})"]
+            step += [f"    live_{x} = tl.max(tl.max({tiles}, axis=2), axis=0)"]
+            flags = [f"tl.sum(tl.where(sub == {j}, live_{x}, 0), 0)" for j in range(k)]
         else:
-            step += [f"    live_{x} = tl.max(tl.ravel({live}.to(tl.int32)), 0)",
-                     f"    lo_{x} = tl.where(live_{x} != 0, tl.minimum(lo_{x}, l0), lo_{x})",
-                     f"    hi_{x} = tl.where(live_{x} != 0, l0 + {bl}, hi_{x})"]
+            step += [f"    live_{x} = tl.max(tl.ravel({live}.to(tl.int32)), 0)"]
+            flags = [f"live_{x}"]
+        for j, flag in enumerate(flags):
+            at = f"l0 + {j * bl}"
+            step += [f"    f_{x} = {flag} != 0",
+                     f"    wider = f_{x} & (end_{x} >= 0) & ({at} - end_{x} > gb_{x} - ga_{x})",
+                     f"    ga_{x} = tl.where(wider, end_{x}, ga_{x})", f"    gb_{x} = tl.where(wider, {at}, gb_{x})",
+                     f"    end_{x} = tl.where(f_{x}, {at} + {bl}, end_{x})",
+                     f"    lo_{x} = tl.where(f_{x}, tl.minimum(lo_{x}, {at}), lo_{x})",
+                     f"    hi_{x} = tl.where(f_{x}, {at} + {bl}, hi_{x})"]
     lines += [f"for l0 in tl.range(0, {ext_l}, {width}, num_stages={STAGES}):",
               f"    o_{L} = l0 + tl.arange(0, {width})", f"    ok = rows[:, None] & (o_{L}[None, :] < {ext_l})"]
     lines += loads + ["    " + ln for ln in ctx.lines]
     lines += found + step
+    bounds = ("lo", "hi", "ga", "gb")
     if inline:
         every = " & ".join(f"(e{n} != 0)" for n in range(len(inline)))
-        lines += [f"every = tl.min(tl.where(rows, ({every}).to(tl.int32), 1), 0) != 0",
-                  "lo = tl.where(every, lo_a, lo_b)", "hi = tl.where(every, hi_a, hi_b)"]
+        lines += [f"every = tl.min(tl.where(rows, ({every}).to(tl.int32), 1), 0) != 0"]
+        lines += [f"{x} = tl.where(every, {x}_a, {x}_b)" for x in bounds]
     else:
-        lines += ["lo = lo_a", "hi = hi_a"]
-    return lines + [f"tl.store({buf} + pid * 2, lo)", f"tl.store({buf} + pid * 2 + 1, hi)"], shape[0] * shape[1]
+        lines += [f"{x} = {x}_a" for x in bounds]
+    # a block without a live tile is all gap (its rows share any gap of the others)
+    lines += [f"gb = tl.where(lo < hi, gb, {past})"]
+    return lines + [f"tl.store({buf} + pid * 4 + {k}, {x})" for k, x in enumerate(bounds)], shape[0] * shape[1]
 
 
 def _conjunction(em: Tiles, region: Union[Region, tuple], ctx: Body, names: dict[Exists, str]) -> str:
