@@ -152,8 +152,8 @@ def _check_ranges(r: torch.Tensor, masked: torch.Tensor, transposed: bool = Fals
     """The ranges of a kernel over query tiles looping over keys (or, transposed, over key tiles looping over queries)
     against eager's masked elements (batch entries, S, S), one range [lo, hi) less a gap [ga, gb) per block of
     `rows` rows (`split` of them a row tile of the kernel): every loop position they leave out is masked on every
-    row of its block, and a query row with no key kept (whose row max eager takes over masked scores) is never left
-    out. Returns the loop tiles the kernel visits (the union of its row tile's ranges, less the gap they share) and
+    row of its block, a query row with no key kept (whose row max eager takes over masked scores) is never left
+    out, and the run [fa, fb) that runs without the mask keeps every element. Returns the loop tiles the kernel visits (the union of its row tile's ranges, less the gap they share) and
     all of them."""
     full = masked.all(-1)                                   # (batch entries, queries): fully masked rows
     grid = masked.transpose(-1, -2) if transposed else masked
@@ -161,10 +161,11 @@ def _check_ranges(r: torch.Tensor, masked: torch.Tensor, transposed: bool = Fals
     visited = total = 0
     for b in range(r.shape[0]):
         for t in range(r.shape[1]):
-            lo, hi, ga, gb = r[b, t].tolist()
+            lo, hi, ga, gb, fa, fb = (r[b, t].tolist() + [0, 0])[:6]
             block = grid[b, t * rows:(t + 1) * rows]
             out = [x for x in range(n) if not lo <= x < hi or ga <= x < gb]
             assert block[:, out].all(), (b, t, lo, hi, ga, gb)
+            assert not block[:, fa:fb].any(), (b, t, fa, fb)      # a run of tiles the masks keep whole
             if transposed:
                 assert not full[b, out].any(), (b, t, lo, hi, ga, gb)
             elif full[b, t * rows:(t + 1) * rows].any():
@@ -241,6 +242,27 @@ def test_sinks_and_a_window_leave_a_gap():
     _skips(hf_attention, args, ~keep[:, 0], (q, k, v, _additive(keep | True, torch.float32)))
     r = _ranges(_compiled(hf_attention, args)[1], args)[0]
     assert (r[..., 3] > r[..., 2]).any(), r
+
+
+def test_tiles_the_mask_keeps_run_without_it_and_the_longest_first():
+    """The pre-pass also finds each row tile's longest run of tiles whose every element the mask keeps (0 added):
+    one loop of the kernel runs them without loading the mask, as FlexAttention's full blocks do. And it sorts the
+    row tiles by their ranges, so that the longest start first: causal, the last row tile first."""
+    keep = causal()
+    q, k, v = _qkv(torch.float32, 11)
+    args = (q, k, v, _additive(keep, torch.float32))
+    _, prog = _compiled(hf_attention, args)
+    kernel = prog.kernels[0]
+    mask = next(b.name for b in kernel.buffers if b.source == ("in", 3))
+    start = kernel.source.index("    else:\n        fin = 1")         # the first pass, to the pre-passes' code
+    first = kernel.source[start:kernel.source.index("@triton.jit", start)]
+    loops = first.split("for n0 in ")[1:]
+    assert any(f"tl.load({mask} " not in loop for loop in loops) and any(f"tl.load({mask} " in loop for loop in loops)
+    bufs = _buffers(prog, args)
+    r = next(t for key, t in bufs.items() if key[0] == "ranges")
+    assert (r[..., 5] > r[..., 4]).any(), r
+    order = next(t for key, t in bufs.items() if key[0] == "order")
+    assert order.tolist() == [list(range(S // BLOCK))[::-1]] * B, order
 
 
 def test_left_padded_rows_are_uniform_as_eager():

@@ -21,7 +21,7 @@ from typing import Any, Union
 
 import torch
 
-from ..analysis.atoms import TESTS, Atom, Exists
+from ..analysis.atoms import TESTS, Atom, Exists, kept
 from ..analysis.facts import Region
 from ..ir.loops import Affine, LNode, Var
 from ..ir.sizes import Size, ceildiv, python, source
@@ -37,7 +37,7 @@ WARPS = 8        # of a pre-pass program
 ROWS = 32        # rows per program of the range pre-pass
 STEP = 8192      # elements per step of its loop (several loop tiles)
 STAGES = 3       # its loads in flight
-UNION = ("min", "max", "max", "min")    # a row tile's lo, hi, gap start and end from its row blocks'
+UNION = ("min", "max", "max", "min", "max", "min")     # a row tile's bounds from its row blocks'
 
 
 class _Prepass(Emitter):
@@ -61,6 +61,8 @@ def prologues(spec: KernelSpec, cfg: TileConfig) -> tuple[str, list[Prologue]]:
         made.append((em, f"{spec.name}_witness{k}", *_witness(em, ex, k)))
     em = _Prepass(plain, cfg)
     made.append((em, f"{spec.name}_ranges", *_ranges(em)))
+    em = _Prepass(plain, cfg)
+    made.append((em, f"{spec.name}_order", *_order(em)))
     sizes = sorted(spec.sizes)
     src, out = "", []
     for em, name, body, grid in made:
@@ -72,23 +74,32 @@ def prologues(spec: KernelSpec, cfg: TileConfig) -> tuple[str, list[Prologue]]:
     return src, out
 
 
-def load_range(em: Tiles) -> tuple[str, str, str, str]:
-    """Lines (into the kernel's `pre`) loading this program's run-time range and gap: the union of its row blocks'
-    ranges, the part of their gaps they all share; the names of the four bounds."""
+def load_range(em: Tiles) -> tuple[str, ...]:
+    """Lines (into the kernel's `pre`) loading this program's run-time bounds: the union of its row blocks' ranges,
+    the part of their gaps and of their runs of kept tiles they all share; the names of the bounds (rlo, rhi, rga,
+    rgb, and rfa, rfb where the masks keep elements)."""
     s = em.s
     assert s.row is not None    # run-time regions are over a kernel's row and loop
     br = em.blk[s.row]
     _, split = _split(br)
     key, shape = _range_buffer(em, split)
     buf = em.buffer(key, shape, torch.int32, "intermediate")
-    at = f"(({_linear(_batch(s))[0]}) * {source(shape[1])} + r0 // {br} * {split}) * 4"
-    names = ("rlo", "rhi", "rga", "rgb")
+    n = shape[2]
+    at = f"(({_linear(_batch(s))[0]}) * {source(shape[1])} + r0 // {br} * {split}) * {n}"
+    names = ("rlo", "rhi", "rga", "rgb", "rfa", "rfb")[:n]
     if split == 1:
         em.pre += [f"rt = {at}"] + [f"{x} = tl.load({buf} + rt + {k})" for k, x in enumerate(names)]
     else:
-        em.pre += [f"rt = {at} + tl.arange(0, {split}) * 4"]
+        em.pre += [f"rt = {at} + tl.arange(0, {split}) * {n}"]
         em.pre += [f"{x} = tl.{fn}(tl.load({buf} + rt + {k}), 0)" for k, (x, fn) in enumerate(zip(names, UNION))]
     return names
+
+
+def load_order(em: Tiles) -> list[str]:
+    """The line mapping this program's row tile `t` (in launch order) to the row tile it computes, by the order the
+    pre-pass sorted them in (after the batch indices i_v)."""
+    buf, base = _order_buffer(em, False)
+    return [f"t = tl.load({buf} + {base} + t)"]
 
 
 # ---- what the pre-passes read and write -----------------------------------------------------------------------
@@ -136,12 +147,25 @@ def _split(br: int) -> tuple[int, int]:
 
 
 def _range_buffer(em: Tiles, split: int) -> tuple[tuple, tuple[Any, ...]]:
-    """Key and shape of the kernel's range buffer: (batch entries, row tiles times `split`, 4) int32, each a row
-    block's range [lo, hi) and the largest gap [ga, gb) inside it."""
+    """Key and shape of the kernel's range buffer: (batch entries, row tiles times `split`, 4 or 6) int32, each a
+    row block's range [lo, hi), the largest gap [ga, gb) inside it and, where the masks keep elements, the longest
+    run [fa, fb) of tiles whose every element they keep."""
     s = em.s
     assert s.row is not None
-    shape = (_linear(_batch(s))[1], ceildiv(s.row.extent, em.blk[s.row]) * split, 4)
+    shape = (_linear(_batch(s))[1], ceildiv(s.row.extent, em.blk[s.row]) * split, 6 if kept_atoms(s) else 4)
     return ("ranges", em.spec.name, *(str(python(d)) for d in shape)), shape
+
+
+def _order_buffer(em: Tiles, written: bool) -> tuple[str, str]:
+    """The buffer of the row tiles' launch order, (batch entries, row tiles) int32, and the offset of this program's
+    entry."""
+    s = em.s
+    assert s.row is not None
+    lin, count = _linear(_batch(s))
+    nt = ceildiv(s.row.extent, em.blk[s.row])
+    shape: tuple[Any, ...] = (count, nt)
+    key = ("order", em.spec.name, *(str(python(d)) for d in shape))
+    return em.buffer(key, shape, torch.int32, "intermediate", written), f"({lin}) * {source(nt)}"
 
 
 def _witness_buffer(em: Tiles, ex: Exists, k: int, written: bool) -> tuple[str, str]:
@@ -236,6 +260,21 @@ def _ranges(em: Tiles) -> tuple[list[str], Size]:
                      f"    end_{x} = tl.where(f_{x}, {at} + {bl}, end_{x})",
                      f"    lo_{x} = tl.where(f_{x}, tl.minimum(lo_{x}, {at}), lo_{x})",
                      f"    hi_{x} = tl.where(f_{x}, {at} + {bl}, hi_{x})"]
+    full = kept_atoms(s)
+    if full:    # the longest run of tiles whose every element the masks keep: run with their constants in place
+        whole = f"(({_conjunction(em, tuple(full), ctx, names)}) | (ok == 0)).to(tl.int32)"
+        lines += ["run = tl.zeros([], tl.int32) - 1", "fa = tl.zeros([], tl.int32)", "fb = tl.zeros([], tl.int32)"]
+        if k > 1:
+            step += [f"    kept = tl.min(tl.min(tl.reshape({whole}, ({rows}, {k}, {bl})), axis=2), axis=0)"]
+            flags = [f"tl.sum(tl.where(sub == {j}, kept, 0), 0)" for j in range(k)]
+        else:
+            step += [f"    kept = tl.min(tl.ravel({whole}), 0)"]
+            flags = ["kept"]
+        for j, flag in enumerate(flags):
+            at = f"l0 + {j * bl}"
+            step += [f"    ff = {flag} != 0", f"    run = tl.where(ff, tl.where(run < 0, {at}, run), -1)",
+                     f"    longer = ff & ({at} + {bl} - run > fb - fa)",
+                     "    fa = tl.where(longer, run, fa)", f"    fb = tl.where(longer, {at} + {bl}, fb)"]
     lines += [f"for l0 in tl.range(0, {ext_l}, {width}, num_stages={STAGES}):",
               f"    o_{L} = l0 + tl.arange(0, {width})", f"    ok = rows[:, None] & (o_{L}[None, :] < {ext_l})"]
     lines += loads + ["    " + ln for ln in ctx.lines]
@@ -249,7 +288,45 @@ def _ranges(em: Tiles) -> tuple[list[str], Size]:
         lines += [f"{x} = {x}_a" for x in bounds]
     # a block without a live tile is all gap (its rows share any gap of the others)
     lines += [f"gb = tl.where(lo < hi, gb, {past})"]
-    return lines + [f"tl.store({buf} + pid * 4 + {k}, {x})" for k, x in enumerate(bounds)], shape[0] * shape[1]
+    stored = bounds + (("fa", "fb") if full else ())
+    return lines + [f"tl.store({buf} + pid * {len(stored)} + {n}, {x})" for n, x in enumerate(stored)], \
+        shape[0] * shape[1]
+
+
+def _order(em: Tiles) -> tuple[list[str], Size]:
+    """The launch order of each batch entry's row tiles: the most loop tiles first (ties in row order), so that the
+    last wave of programs is short, sorted by key. One program per batch entry."""
+    s = em.s
+    R, L = s.row, s.loop
+    assert R is not None and L is not None
+    br = em.blk[R]
+    _, split = _split(br)
+    key, shape = _range_buffer(em, split)
+    rng = em.buffer(key, shape, torch.int32, "intermediate")
+    buf, _ = _order_buffer(em, True)
+    nt, n = ceildiv(R.extent, br), shape[2]
+    span = pow2(-(-em.bucket(R.extent) // br), 1)      # the row tiles of the largest extent of the bucket
+    lines = ["b = tl.program_id(0)", f"t = tl.arange(0, {span})", f"ok = t < {source(nt)}"]
+    for k, (x, fn) in enumerate(zip(("lo", "hi", "ga", "gb"), UNION)):
+        parts = [f"tl.load({rng} + ((b * {source(nt)} + t) * {split} + {j}) * {n} + {k}, mask=ok, other=0)"
+                 for j in range(split)]
+        expr = parts[0]
+        for p in parts[1:]:
+            expr = f"tl.{'minimum' if fn == 'min' else 'maximum'}({expr}, {p})"
+        lines.append(f"{x} = {expr}")
+    lines += [f"hi = tl.minimum(hi, {source(L.extent)})", "ga = tl.minimum(tl.maximum(ga, lo), hi)",
+              "gb = tl.maximum(ga, tl.minimum(gb, hi))",
+              "work = tl.maximum(hi - lo, 0) - (gb - ga)",
+              f"order = tl.sort(tl.where(ok, work.to(tl.int64) * {span} + ({span} - 1 - t), -1), descending=True)",
+              f"tl.store({buf} + b * {source(nt)} + t, ({span} - 1 - order % {span}).to(tl.int32), mask=ok)"]
+    return lines, shape[0]
+
+
+def kept_atoms(s: Any) -> list[Atom]:
+    """What holds where the run-time regions' masks keep every element (atoms.kept): a run of such tiles, which the
+    pre-pass finds, runs with the masks' constants in place (a bool mask's true, an additive mask's 0), as
+    FlexAttention's full blocks do."""
+    return list(dict.fromkeys(a for reg in s.runtime for a in kept(reg)))
 
 
 def _conjunction(em: Tiles, region: Union[Region, tuple], ctx: Body, names: dict[Exists, str]) -> str:
