@@ -328,6 +328,30 @@ def test_captured_bool_masks_skip_their_masked_tiles(mask, fill):
     assert _dots(compiled, (q, k, v)) * total == _dots(unmasked, (q, k, v)) * visited
 
 
+def test_one_generic_plan_serves_every_length():
+    """dynamic=True: the query length is a size argument (the mask's last dimension, the keys, stays static), the
+    range buffers' shapes size expressions allocated at launch; lengths that are and are not multiples of the tiles
+    and past the length the kernels were emitted for, q_len < kv_len (a mask of every query's keys, with left
+    padding), from the one plan, against eager, each call skipping."""
+    compiled = ft.compile(hf_attention, dynamic=True, cache=False, configs=TILES)
+    for seed, (sq, sk) in enumerate([(80, 80), (37, 80), (64, 80), (150, 80)]):
+        g = torch.Generator().manual_seed(seed)
+        q = torch.randn(B, H, sq, D, generator=g)
+        k, v = (torch.randn(B, H, sk, D, generator=g) for _ in range(2))
+        i, j = torch.arange(sq)[:, None] + (sk - sq), torch.arange(sk)[None, :]
+        keep = (j <= i) & (j >= torch.tensor([0, sk // 3])[:, None, None, None])
+        args = (q, k, v, _additive(keep, torch.float32))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = compiled(*args)
+        assert_close(out, hf_attention(*args))
+        prog = compiled.program_for(args)
+        assert prog.generic and prog.kernels[0].prologues, prog.notes
+        visited, total = _check_ranges(_ranges(prog, args)[0], ~keep[:, 0])
+        assert visited < total
+    assert compiled.cache_info()["searches"] == 1, compiled.cache_info()
+
+
 # ---- what the finite check still does -----------------------------------------------------------------------------
 
 def test_an_additive_mask_of_minus_inf_passes_the_finite_check():

@@ -272,7 +272,8 @@ def _ranges(em: Tiles) -> tuple[list[str], Size]:
             flags = ["kept"]
         for j, flag in enumerate(flags):
             at = f"l0 + {j * bl}"
-            step += [f"    ff = {flag} != 0", f"    run = tl.where(ff, tl.where(run < 0, {at}, run), -1)",
+            step += [f"    ff = ({flag} != 0) & ({at} < {ext_l})",      # a tile past the extent is none
+                     f"    run = tl.where(ff, tl.where(run < 0, {at}, run), -1)",
                      f"    longer = ff & ({at} + {bl} - run > fb - fa)",
                      "    fa = tl.where(longer, run, fa)", f"    fb = tl.where(longer, {at} + {bl}, fb)"]
     lines += [f"for l0 in tl.range(0, {ext_l}, {width}, num_stages={STAGES}):",
@@ -305,8 +306,11 @@ def _order(em: Tiles) -> tuple[list[str], Size]:
     rng = em.buffer(key, shape, torch.int32, "intermediate")
     buf, _ = _order_buffer(em, True)
     nt, n = ceildiv(R.extent, br), shape[2]
-    span = pow2(-(-em.bucket(R.extent) // br), 1)      # the row tiles of the largest extent of the bucket
+    span = pow2(-(-em.bucket(R.extent) // br), 1)      # the row tiles at the extent the kernel is emitted for
     lines = ["b = tl.program_id(0)", f"t = tl.arange(0, {span})", f"ok = t < {source(nt)}"]
+    # a shape-generic plan's longer calls keep the rows' order (the sort holds `span` row tiles)
+    lines += [f"for c in range(0, {source(nt)} * ({source(nt)} > {span}), {span}):",
+              f"    tl.store({buf} + b * {source(nt)} + c + t, c + t, mask=c + t < {source(nt)})"]
     for k, (x, fn) in enumerate(zip(("lo", "hi", "ga", "gb"), UNION)):
         parts = [f"tl.load({rng} + ((b * {source(nt)} + t) * {split} + {j}) * {n} + {k}, mask=ok, other=0)"
                  for j in range(split)]
@@ -318,7 +322,8 @@ def _order(em: Tiles) -> tuple[list[str], Size]:
               "gb = tl.maximum(ga, tl.minimum(gb, hi))",
               "work = tl.maximum(hi - lo, 0) - (gb - ga)",
               f"order = tl.sort(tl.where(ok, work.to(tl.int64) * {span} + ({span} - 1 - t), -1), descending=True)",
-              f"tl.store({buf} + b * {source(nt)} + t, ({span} - 1 - order % {span}).to(tl.int32), mask=ok)"]
+              f"tl.store({buf} + b * {source(nt)} + t, ({span} - 1 - order % {span}).to(tl.int32), "
+              f"mask=ok & ({source(nt)} <= {span}))"]
     return lines, shape[0]
 
 
