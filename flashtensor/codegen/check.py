@@ -144,7 +144,7 @@ def program_check(em: Tiles, slots: int, check: dict, part: int, tiles: Size, st
             skipped.append(f"    chkt{i} = tl.zeros([{tile}], tl.float32)")
             if em.checks[i][1]:
                 skipped.append(f"    chkm{i} = tl.full([{tile}], float(\"inf\"), tl.float32)")
-        gap = [("ga", "gb")] if em.s.gap else []
+        gap = [("ga", "gb")] if em.s.gap or em.s.runtime_gap else []
         for lo, hi in [("0", "lo")] + gap + [(f"(hi + {bl - 1}) // {bl} * {bl}", source(L.extent))]:
             skipped += [f"    for l0 in tl.range({lo}, {hi}, {bl}, num_stages={stages}):     # loop tiles it skipped",
                         f"        o_{L} = l0 + tl.arange(0, {bl})"] + ["        " + ln for ln in ctx.lines]
