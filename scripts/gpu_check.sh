@@ -4,7 +4,8 @@
 #     bash scripts/gpu_check.sh fuzz     # 312 fp16 and 312 bf16 random programs as compiled kernels
 #     bash scripts/gpu_check.sh held     # every held program, fp16 and bf16, checked and timed against eager
 #     bash scripts/gpu_check.sh generic  # #22: first-call times cold and from the cache in a new process, generic
-#                                        # against exact kernels at S=4096, a sweep of 50 lengths (1K-32K)
+#                                        # against exact kernels at S=4096
+#     bash scripts/gpu_check.sh sweep    # #22: 50 random lengths (1K-32K) of h2o and keyformer, one generic plan
 #     bash scripts/gpu_check.sh decode   # #22: h2o with 1, 4, 16 queries against 8K-128K keys, against its peers
 #     bash scripts/gpu_check.sh ab DIR   # the reference workloads, DIR's compiler (a `git archive REV
 #                                        # flashtensor` copy) against this tree's, timed side by side
@@ -31,9 +32,10 @@ generic)
     for w in $W; do $G compile --names "$w"; done | tee -a "$OUT/generic.txt"     # a new process each
     for w in $W; do $G versus --names "$w" > /dev/null 2>&1 & done                  # plan generic ones in parallel
     wait
-    $G versus --json "$OUT/versus.json" | tee -a "$OUT/generic.txt"
+    $G versus --json "$OUT/versus.json" | tee -a "$OUT/generic.txt" ;;
+sweep)
     export FLASHTENSOR_CACHE_DIR=/tmp/ft-cache-sweep; rm -rf "$FLASHTENSOR_CACHE_DIR"
-    $G sweep --heads 4 --json "$OUT/sweep.json" | tee -a "$OUT/generic.txt" ;;
+    python -m flashtensor.bench.generic sweep --heads 4 --json "$OUT/sweep.json" | tee "$OUT/sweep.txt" ;;
 decode)
     python -m flashtensor.bench.generic decode --json "$OUT/decode.json" | tee "$OUT/decode.txt" ;;
 ab)
@@ -42,5 +44,5 @@ ab)
     wait
     python -m flashtensor.bench.ab $W --trees "base=$base,new=." --rep 30 | tee "$OUT/ab.txt" ;;
 *)
-    echo "usage: bash scripts/gpu_check.sh fuzz | held | generic | decode | ab BASE_TREE" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_check.sh fuzz | held | generic | sweep | decode | ab BASE_TREE" >&2; exit 2 ;;
 esac
