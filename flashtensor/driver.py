@@ -383,7 +383,8 @@ def _static_sizes(example: list[torch.Tensor], sources: dict[str, tuple[int, int
     """(input, dimension, size) of every dimension a shape-generic plan was traced with as a constant: its kernels
     hold that size, so a call of another size there does not fit the plan."""
     symbolic = set(sources.values())
-    return [(i, d, n) for i, t in enumerate(example) for d, n in enumerate(t.shape) if sources and (i, d) not in symbolic]
+    return [(i, d, n) for i, t in enumerate(example) for d, n in enumerate(t.shape)
+            if sources and (i, d) not in symbolic]
 
 
 def _log_plan(c: int, plans: list[KernelPlan], schedules: list[Schedule]) -> None:
