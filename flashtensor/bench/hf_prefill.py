@@ -26,7 +26,13 @@ refuses the machine's 0.23.2, and what kvpress imports that the machine lacks: d
 cachetools, fire, termcolor):
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH && python3 -m flashtensor.bench.hf_prefill
+        .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH && python3 -m flashtensor.bench.hf_prefill \
+        --presses h2o --json $OUT/hf_prefill_h2o.json
+
+and the same with --presses snapkv. One press per call because flashtensor's first call at each length plans and
+tunes for about a minute per press (60-70 s each on the H200, 2026-12-02), which is most of a run: both presses
+at all three lengths took about 9 minutes with 4 layers (the layer count barely changes it: every layer shares
+one compiled program).
 """
 from __future__ import annotations
 
@@ -208,8 +214,9 @@ def _progress(rec: dict, press: str = "") -> None:
 
 
 def _cell(rec: dict, key: str, digits: int) -> str:
+    """A number, or why there is none: in full in the time column, its first word in the others."""
     if rec["status"] != "ok":
-        return rec["status"][:60]
+        return rec["status"][:80] if key == "ms" else rec["status"].split()[0].rstrip(":")
     return "-" if rec.get(key) is None else f"{rec[key]:.{digits}f}"
 
 
