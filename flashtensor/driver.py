@@ -274,12 +274,18 @@ def _priced(plan: Plan, entry: dict, program: Callable[[], Program], fn: Callabl
     """The searched entry, or an eager one where the user's own function is faster on this call's inputs (timed on
     the GPU): launches that dominate a small program, a recompute that costs more than it saves, a remainder
     that eager PyTorch runs better. The tuner prices kernels against each other; this prices the plan against
-    not compiling at all, so a compiled call is never slower than eager."""
+    not compiling at all, so a compiled call is never slower than eager. Where eager runs out of memory (P at 32K
+    tokens), the plan stands."""
     if entry["eager"]:
         return entry
     plan.entry = entry
     prog = program()
-    fused_ms, eager_ms = measure(lambda: prog.run(args)), measure(lambda: fn(*args))
+    fused_ms = measure(lambda: prog.run(args))
+    try:
+        eager_ms = measure(lambda: fn(*args))
+    except torch.OutOfMemoryError:      # eager cannot run this call at all (a long S x S): the kernels win
+        log.debug("plan %.4f ms, the function itself out of memory", fused_ms)
+        return entry
     log.debug("plan %.4f ms, the function itself %.4f ms", fused_ms, eager_ms)
     if eager_ms >= fused_ms:
         return entry
