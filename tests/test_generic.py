@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -212,3 +213,24 @@ def test_mqa_expand_and_sliced_tril_mask_go_generic():
         fn, args = programs.make("gpt_bigcode_mqa", device="cpu", dtype=torch.float32, **{**programs.SMALL, "S": s})
         torch.testing.assert_close(c(*args), fn(*args), rtol=2e-5, atol=2e-5)
     assert c.cache_info()["generic"] == 1 and c.cache_info()["searches"] == 2
+
+
+@pytest.mark.unit
+def test_symbolic_matmuls_keep_their_sizes_symbolic():
+    """A (B, H, S, D) @ (B, H, D, S) product traced symbolically: no size symbol is fixed to its traced value (torch
+    2.11's own matmul fixed them all under size-oblivious tracing; `Matmuls` writes the product out), and a
+    broadcast batch (one key head for two query heads) gives eager's shape."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from flashtensor.frontend.symbolic import Matmuls, size_oblivious, symbolic_inputs
+
+    args = [torch.randn(1, 2, 8, 4), torch.randn(1, 1, 4, 8)]
+    with size_oblivious():
+        dims = frozenset((i, d) for i in range(2) for d in range(4)) - {(1, 1)}     # the broadcast head is 1
+        mode, fakes = symbolic_inputs(args, dims)
+        with mode, Matmuls():
+            gm = make_fx(lambda a, b: a @ b, tracing_mode="real", _allow_non_fake_inputs=True)(*fakes)
+    fixed = [g.expr for g in mode.shape_env.guards if g.expr.is_Equality and any(a.is_Integer for a in g.expr.args)]
+    assert not fixed, fixed
+    out = gm(*args)
+    torch.testing.assert_close(out, args[0] @ args[1])

@@ -29,7 +29,7 @@ from . import layout
 from .eager import EagerOnly, name, raise_if_eager_rejects, torch_logs_to_debug, whole, why_untraced
 from .scatter import scatter
 from .source import SourceRecorder
-from .symbolic import size_oblivious, size_sources, symbolic_inputs
+from .symbolic import Matmuls, size_oblivious, size_sources, symbolic_inputs
 
 aten = torch.ops.aten
 log = logging.getLogger("flashtensor.capture")
@@ -98,7 +98,7 @@ def _make_symbolic(fn: Callable, args: Sequence[torch.Tensor], dynamic: frozense
     with size_oblivious():
         mode, fakes = symbolic_inputs(args, dynamic)
         sources = size_sources(fakes)      # before the trace finds sizes equal or constant
-        with mode:
+        with mode, Matmuls():
             gm = make_fx(fn, tracing_mode="real", _allow_non_fake_inputs=True)(*fakes)
     gm.meta["shape_env"], gm.meta["size_sources"] = mode.shape_env, sources
     return gm

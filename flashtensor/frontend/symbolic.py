@@ -14,6 +14,7 @@ import torch.fx.experimental._config
 from torch._dynamo.source import ConstantSource
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+from torch.overrides import TorchFunctionMode
 
 from ..ir.sizes import symbolic
 
@@ -47,3 +48,22 @@ def size_sources(fakes: Sequence) -> dict[str, tuple[int, int]]:
     the (input, dimension) that gives its value on a call."""
     return {str(cast(torch.SymInt, s).node._expr): (i, d) for i, t in enumerate(fakes)
             if isinstance(t, torch.Tensor) for d, s in enumerate(t.shape) if symbolic(s)}
+
+
+_MATMULS = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__}
+
+
+class Matmuls(TorchFunctionMode):
+    """Matrix products of operands of two or more dimensions written out as expand, reshape and bmm. Under
+    size-oblivious tracing, torch 2.11's own matmul reads its operands' sizes as plain ints, which specialises
+    every symbol to the traced call's value (torch 2.13's does not); this keeps them symbolic on both."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func not in _MATMULS or kwargs or len(args) != 2 or min(a.dim() for a in args) < 2:
+            return func(*args, **kwargs)
+        a, b = args
+        batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+        out = torch.bmm(a.expand(*batch, m, k).reshape(-1, m, k), b.expand(*batch, k, n).reshape(-1, k, n))
+        return out.view(*batch, m, n)

@@ -6,8 +6,9 @@ mask interfaces, so `AutoModelForCausalLM.from_config(cfg, attn_implementation="
 `ft.compile`d plain-PyTorch program written the way transformers' eager attention is: GQA by repeating the KV
 heads, Gemma2's soft-cap, softmax in float32. Masks are built as for SDPA: none where the causal mask alone
 applies (the program then builds it from indices, so the kernels skip its tiles with no S x S mask in memory),
-else a bool mask (padding, Gemma2's sliding window) filled with finfo.min as eager's additive mask adds it. `attention_statistics` asks those same compiled calls for statistics of
-the probabilities P, stated in plain PyTorch, which the fused kernels compute without writing P.
+else a bool mask (padding, Gemma2's sliding window) filled with finfo.min as eager's additive mask adds it.
+`attention_statistics` asks those same compiled calls for statistics of the probabilities P, stated in plain
+PyTorch, which the fused kernels compute without writing P.
 """
 from __future__ import annotations
 
