@@ -10,6 +10,7 @@ import math
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -234,3 +235,112 @@ def test_symbolic_matmuls_keep_their_sizes_symbolic():
     assert not fixed, fixed
     out = gm(*args)
     torch.testing.assert_close(out, args[0] @ args[1])
+
+
+def sima(q, k, v):
+    """SimA: q and k L1-normalised over the tokens, then linear attention q (k^T v)."""
+    q, k = F.normalize(q, p=1, dim=-2), F.normalize(k, p=1, dim=-2)
+    return q @ (k.transpose(-2, -1) @ v)
+
+
+def test_a_generic_plan_that_fuses_nothing_is_tried_once():
+    """SimA normalises over the tokens, an axis a static plan holds whole in its tile (at most 256) and a generic
+    one cannot, so the second length's generic trial fuses nothing. That call plans for its exact shape and runs
+    in kernels without a warning (the trial's "no fused plan ... runs in eager PyTorch" was once warned, though
+    the kernels ran), and a third length plans for its shape without a second trial: 4 searches, not 5."""
+    c = ft.compile(sima, cache=False)
+    g = torch.Generator().manual_seed(0)
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always", ft.FallbackWarning)
+        for n in (40, 24, 56):
+            args = [torch.randn(1, 2, n, 16, generator=g) for _ in range(3)]
+            torch.testing.assert_close(c(*args), sima(*args), rtol=2e-5, atol=2e-5)
+    assert not [w for w in warned if issubclass(w.category, ft.FallbackWarning)], [str(w.message) for w in warned]
+    info = c.cache_info()
+    assert info["searches"] == 4 and info["generic"] == 0 and info["plans"] == 3, info
+    assert all(p.kernels for p in c.programs.values())
+    assert [n for notes in c.refused.values() for n in notes if "held whole" in n], c.refused
+
+
+def test_a_cached_generic_plan_whose_guards_fail_is_planned_again(tmp_path, monkeypatch):
+    """Another process's generic plan for the same length bucket was traced with q_len <= kv_len (its causal
+    skip assumes it): a call with q_len > kv_len in that bucket once loaded it, failed its guards and planned
+    for its exact shape, as did every such call after it. It now searches a generic plan of its own."""
+    monkeypatch.setenv("FLASHTENSOR_CACHE_DIR", str(tmp_path))
+    first = ft.compile(h2o_finfo, dynamic=True)
+    _check(h2o_finfo, first, _inputs(1, 1, 100, 120))
+    c = ft.compile(h2o_finfo, dynamic=True)
+    for sq, sk in [(110, 100), (120, 90)]:
+        _check(h2o_finfo, c, _inputs(1, 1, sq, sk))
+    info = c.cache_info()
+    assert info["generic"] == 1 and info["searches"] == 1 and info["hits"] == 1, info
+
+
+def ranked_scores(q, k, v):
+    """H2O's column sums, sorted per head (torch.sort has no lowering: it runs in eager PyTorch on the kernels'
+    sums), then each batch entry's running total over heads and keys."""
+    p = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1)
+    score = p.sum(dim=-2)
+    ranked = torch.sort(score, dim=-1, descending=True).values.reshape(score.shape[0], -1)
+    return p @ v, ranked.cumsum(dim=-1)
+
+
+def test_the_eager_remainder_of_a_generic_plan_takes_the_calls_sizes():
+    """The reshape after the sort is to (B, H * kv_len): evaluated with the traced symbolic size, it raised
+    "SymIntArrayRef expected to contain only concrete integers" at every length after the traced one. The
+    remainder now runs at the call's sizes."""
+    c = ft.compile(ranked_scores, cache=False)
+    for sq, sk in [(20, 30), (33, 47), (5, 64)]:
+        _check(ranked_scores, c, _inputs(2, 2, sq, sk, seed=sq))
+    (prog,) = [p for ps in c.generic.values() for p in ps]
+    assert prog.launches and prog.remainder is not None and prog.remainder.generic
+    assert c.cache_info()["hits"] == 1, c.cache_info()
+
+
+def attention_with_mask(q, k, v, mask):
+    """Hugging Face's attention: an additive (B, 1, Sq, Sk) mask passed in, broadcast over the heads."""
+    p = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + mask, dim=-1)
+    return p @ v, p.sum(dim=-2)
+
+
+def _masked_inputs(b, h, sq, sk):
+    q, k, v = _inputs(b, h, sq, sk)
+    keep = torch.ones(sq, sk, dtype=torch.bool).tril(sk - sq)
+    mask = (1.0 - keep.float()) * torch.finfo(torch.float32).min
+    return [q, k, v, mask.expand(b, 1, sq, sk).contiguous()]
+
+
+def test_dynamic_true_takes_a_mask_broadcast_over_heads():
+    """dynamic=True made the mask's head axis of 1 symbolic too, which the size-oblivious trace cannot broadcast:
+    the trace failed at every call and each planned for its exact shape. A size of 1 is now traced static where the
+    trace fails: one plan serves batch 2, 1 and 3."""
+    c = ft.compile(attention_with_mask, cache=False, dynamic=True)
+    for shape in [(2, 2, 20, 30), (1, 2, 33, 47), (3, 2, 5, 64)]:
+        _check(attention_with_mask, c, _masked_inputs(*shape))
+    info = c.cache_info()
+    assert info["searches"] == 1 and info["generic"] == 1 and info["hits"] == 2, info
+
+
+def bshd_capped(q, k, v):
+    """(B, S, H, D) inputs transposed to (B, H, S, D), soft-capped scores."""
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    s = torch.tanh(q @ k.transpose(-1, -2) / 5.0) * 5.0
+    return (torch.softmax(s, dim=-1) @ v).transpose(1, 2)
+
+
+def test_a_length_the_trace_fixes_is_traced_static():
+    """At one key torch's matmul of the transposed inputs guards kv_len == 1 midway through the trace, so the
+    graph had the symbol before that point and 1 after: the loop form found the axes did not line up, and the
+    generic trial warned "no fused plan" (the call then planned for its shape and ran fused). A size the trace
+    fixes is now traced static: that trial is the call's exact plan, nothing is refused, and later lengths go
+    generic."""
+    c = ft.compile(bshd_capped, cache=False)
+    g = torch.Generator().manual_seed(0)
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always", ft.FallbackWarning)
+        for sq, sk in [(1, 74), (1, 1), (1, 30), (1, 50)]:
+            args = [torch.randn(2, n, 2, 32, generator=g) for n in (sq, sk, sk)]
+            torch.testing.assert_close(c(*args), bshd_capped(*args), rtol=2e-5, atol=2e-5)
+    assert not [w for w in warned if issubclass(w.category, ft.FallbackWarning)], [str(w.message) for w in warned]
+    info = c.cache_info()
+    assert info["searches"] == 3 and info["generic"] == 1 and info["hits"] == 1, info

@@ -84,6 +84,26 @@ def value(x: Any, sizes: Mapping[str, int]) -> Any:
     return int(v) if v.is_integer else float(v)
 
 
+def at(x: Any, sizes: Mapping[str, int]) -> Any:
+    """x with every symbolic size in it (inside lists, tuples and dicts too) at the given values of its symbols."""
+    if symbolic(x):
+        return value(x, sizes)
+    if isinstance(x, (list, tuple)):
+        return type(x)(at(a, sizes) for a in x)
+    if isinstance(x, dict):
+        return {k: at(v, sizes) for k, v in x.items()}
+    return x
+
+
+def has_symbolic(x: Any) -> bool:
+    """Whether x holds a symbolic size (inside lists, tuples and dicts too)."""
+    if isinstance(x, (list, tuple)):
+        return any(has_symbolic(a) for a in x)
+    if isinstance(x, dict):
+        return any(has_symbolic(v) for v in x.values())
+    return symbolic(x)
+
+
 _FUNCS = {"FloorDiv": "({0} // {1})", "Mod": "({0} % {1})", "PythonMod": "({0} % {1})",
           "Max": "tl.maximum({0}, {1})", "Min": "tl.minimum({0}, {1})", "CeilDiv": "(({0} + {1} - 1) // {1})"}
 _PY = {**_FUNCS, "Max": "max({0}, {1})", "Min": "min({0}, {1})"}
