@@ -205,8 +205,9 @@ def _run(stages: list[tuple[str, Callable[[Plan, Call], Any]]], plan: Plan, call
 def build(fn: Callable, args: list[Any], options: Options = Options(), warned: Optional[set[str]] = None,
           dynamic: frozenset[tuple[int, int]] = frozenset()) -> Program:
     """Capture `fn` on `args` and plan it. Non-tensor arguments are baked in as constants. Each note is warned
-    once per `warned` (the compiled callable's set of notes warned so far). The (argument, dimension) pairs in
-    `dynamic` are symbolic: the plan serves every size its guards admit (`Program.fits`)."""
+    once per `warned` (the compiled callable's set of notes warned so far); none where `warned` is None (a trial
+    plan, whose notes the caller reads). The (argument, dimension) pairs in `dynamic` are symbolic: the plan
+    serves every size its guards admit (`Program.fits`)."""
     tensor_fn, positions = _of_tensors(fn, args)
     example = [args[i] for i in positions]
     where = {p: k for k, p in enumerate(positions)}
@@ -237,7 +238,8 @@ def build(fn: Callable, args: list[Any], options: Options = Options(), warned: O
             _plan(plan, call, args, options.cache and knobs.cache(),
                   lambda entry: _priced(plan, entry, program, fn, args, median_ms))
     plan.entry["notes"] = list(dict.fromkeys(notes + plan.entry.get("notes", [])))
-    _warn(plan.notes, set() if warned is None else warned)
+    if warned is not None:
+        warn_notes(plan.notes, warned)
     return program()
 
 
@@ -329,7 +331,8 @@ def _of_tensors(fn: Callable, args: list[Any]) -> tuple[Callable, list[int]]:
     return tensor_fn, positions
 
 
-def _warn(notes: Iterable[str], warned: set[str]) -> None:
+def warn_notes(notes: Iterable[str], warned: set[str]) -> None:
+    """Warn each note not in `warned` (a compiled callable's notes warned so far), and add it there."""
     for msg in notes:
         if msg not in warned:
             warned.add(msg)
@@ -349,6 +352,8 @@ def _plan(plan: Plan, call: Call, args: list[Any], use_cache: bool, price: Calla
     bucket = sizes.bucket(call.sizes(plan.captured))
     key = plan_cache.key(plan.decomposed, args, call.options.key(), bucket) if use_cache else None
     entry = plan_cache.load(key) if key else None
+    if entry is not None and not _admits(entry, call):
+        entry = None        # traced elsewhere at other lengths of the bucket, with guards this call fails
     plan.cached = entry is not None
     if entry is None:
         entry, keep = _search(plan, call)
@@ -357,6 +362,12 @@ def _plan(plan: Plan, call: Call, args: list[Any], use_cache: bool, price: Calla
         if key and keep:
             plan_cache.store(key, entry)
     plan.entry = entry
+
+
+def _admits(entry: dict, call: Call) -> bool:
+    """Whether a cached entry's guards hold at the call's sizes (a static entry's key holds its shapes)."""
+    at = {name: call.example[i].shape[d] for name, (i, d) in entry.get("sizes", {}).items()}
+    return sizes.holds(entry.get("guards", "True"), at)
 
 
 def _search(plan: Plan, call: Call) -> tuple[dict, bool]:

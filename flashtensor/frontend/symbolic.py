@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence, cast
 
+import sympy
 import torch
 import torch.fx.experimental._config
 from torch._dynamo.source import ConstantSource
@@ -67,3 +68,20 @@ class Matmuls(TorchFunctionMode):
         m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
         out = torch.bmm(a.expand(*batch, m, k).reshape(-1, m, k), b.expand(*batch, k, n).reshape(-1, k, n))
         return out.view(*batch, m, n)
+
+
+def fixed_sizes(fakes: Sequence, dynamic: frozenset[tuple[int, int]], env: ShapeEnv) -> frozenset[tuple[int, int]]:
+    """The (input, dimension) pairs in `dynamic` whose size the trace fixed to a constant: replaced by one, or
+    guarded equal to one (a kv_len of 1, which torch's matmul decided on). A plan is not generic there, and the
+    graph's nodes would mix the symbol (those traced before the decision) with its value (those after)."""
+    fixed = set()
+    for g in env.guards:
+        e = env.replace(g.expr)
+        if isinstance(e, sympy.Equality):
+            fixed |= {a for a, b in (e.args, e.args[::-1]) if a.is_Symbol and b.is_Integer}
+    out = set()
+    for i, d in dynamic:
+        e = env.replace(cast(torch.SymInt, fakes[i].shape[d]).node._expr)
+        if e.is_Integer or e in fixed:
+            out.add((i, d))
+    return frozenset(out)
