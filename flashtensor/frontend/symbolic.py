@@ -72,13 +72,20 @@ class Matmuls(TorchFunctionMode):
 
 def fixed_sizes(fakes: Sequence, dynamic: frozenset[tuple[int, int]], env: ShapeEnv) -> frozenset[tuple[int, int]]:
     """The (input, dimension) pairs in `dynamic` whose size the trace fixed to a constant: replaced by one, or
-    guarded equal to one (a kv_len of 1, which torch's matmul decided on). A plan is not generic there, and the
-    graph's nodes would mix the symbol (those traced before the decision) with its value (those after)."""
-    fixed = set()
-    for g in env.guards:
-        e = env.replace(g.expr)
-        if isinstance(e, sympy.Equality):
-            fixed |= {a for a, b in (e.args, e.args[::-1]) if a.is_Symbol and b.is_Integer}
+    guarded equal to one, directly or through other factors (a head count of 1 by its stride, 16*s == 16). A
+    plan is not generic there, and the graph's nodes would mix the symbol (those traced before the decision)
+    with its value (those after)."""
+    fixed: dict[sympy.Symbol, sympy.Integer] = {}     # solved from equalities of one symbol, in turn
+    solved = True
+    while solved:
+        solved = False
+        for g in env.guards:
+            e = env.replace(g.expr).subs(fixed)
+            if isinstance(e, sympy.Equality) and len(e.free_symbols) == 1:
+                (sym,) = e.free_symbols
+                roots = sympy.solve(e, sym)
+                if len(roots) == 1 and roots[0].is_Integer:
+                    fixed[sym], solved = roots[0], True
     out = set()
     for i, d in dynamic:
         e = env.replace(cast(torch.SymInt, fakes[i].shape[d]).node._expr)
