@@ -32,6 +32,7 @@ def emit_kernel(spec: KernelSpec, cfg: TileConfig) -> KernelSource:
     em.splits = split.count(em, tiles)
     body: list[str] = []
     final_cache: dict[int, tuple[str, list[Var]]] = {}
+    parts: list[str] = []
     segments = loop.segments(em) if s.loop is not None else []
     for p in range(s.passes if s.loop is not None else 0):
         assert s.loop is not None     # no passes without a loop
@@ -65,15 +66,14 @@ def emit_kernel(spec: KernelSpec, cfg: TileConfig) -> KernelSource:
             body.append("    " + step)
             body += ["    " + ln for ln in ctx.lines]
         if em.split:    # this program's piece of the pass: its partials, merged by the combine kernel
-            body += split.partials(em, accs)
+            parts = split.partials(em, accs)
             break
         post = loop.finals(em, accs, p, {**em.cache_pre, **final_cache})
         body += post.lines
         final_cache.update(post.cache)
     if s.loop is None and s.accums:
         raise ScheduleError("reductions without a loop variable")
-    if not em.split:
-        body += em.store_roots({**em.cache_pre, **final_cache})
+    body += split.epilogue(em, parts) if em.split else em.store_roots({**em.cache_pre, **final_cache})
     for n, _ in em.checks.values():
         if s.loop not in n.vars and id(n) not in em.cache_pre:
             em.value(n, None)

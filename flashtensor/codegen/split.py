@@ -92,6 +92,17 @@ def partials(em: Tiles, accs: list[Accum]) -> list[str]:
     return out
 
 
+def epilogue(em: Emitter, parts: list[str]) -> list[str]:
+    """What follows a split kernel's loop: its partials (`parts`). Where the count is symbolic, a call whose sizes
+    give one piece (a long query: programs enough) runs the kernel's own epilogue instead, and the launch skips
+    the combine, so a shape-generic plan costs prefill nothing."""
+    if not symbolic(em.splits):
+        return parts
+    post = loop.finals(em, list(em.s.accums.values()), 0, dict(em.cache_pre))
+    whole = post.lines + em.store_roots({**em.cache_pre, **post.cache})
+    return ["if ns == 1:     # one piece"] + ["    " + ln for ln in whole] + ["else:"] + ["    " + ln for ln in parts]
+
+
 def _merge(em: Emitter, accs: list[Accum]) -> list[str]:
     """Lines merging every accumulator's pieces into `acc_*`, as the loop leaves them: extremes and `any` first,
     then the sums, each piece rescaled from its own running max to the merged one."""

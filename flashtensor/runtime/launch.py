@@ -63,7 +63,8 @@ class Launch:
         self.fn[grid](*args, MODE=int(fixup), PDL=pdl, launch_pdl=pdl and after_prior,
                       num_warps=self.source.num_warps, num_stages=self.source.num_stages)
         c = self.source.combine
-        if c is not None:     # a split loop's pieces merged, in the fixup pass too (after it recomputed them)
+        # a split loop's pieces merged, in the fixup pass too (after it recomputed them); one piece stored the results
+        if c is not None and evaluate(self.source.splits, sizes) != 1:
             self.combine[(evaluate(c.grid[0], sizes),)](*[buffers[b.source] for b in c.buffers],
                                                         *[sizes[n] for n in c.sizes], MODE=int(fixup), PDL=pdl,
                                                         launch_pdl=pdl, num_warps=c.num_warps)
