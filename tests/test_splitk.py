@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 import flashtensor as ft
 from conftest import assert_close
+from flashtensor import workloads
 from flashtensor.codegen import split
 from flashtensor.ir.sizes import evaluate
 from flashtensor.schedule.schedule import build_schedule
@@ -186,3 +187,16 @@ def test_prefill_in_chunks_with_split_loops():
     torch.testing.assert_close(torch.cat(outs, dim=2), out, rtol=2e-5, atol=2e-5)
     torch.testing.assert_close(cols, col, rtol=2e-5, atol=2e-5)
     assert c.cache_info()["generic"] == 1
+
+
+@pytest.mark.parametrize("name", [n for n in workloads.NAMES if n != "ea"])    # ea: sima's kernels, 4x the time
+def test_reference_workloads_split_three_ways(name):
+    """Every reference workload with every loop that can split split three ways (skipped and constant-folded
+    tiles, an early-stopping `any`, KeyFormer's noise check, linear attention's context) matches eager."""
+    fn, args = workloads.make(name, device="cpu", dtype=torch.float16, **workloads.SMALL)
+    c = ft.compile(fn, cache=False, splits=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert_close(c(*args), fn(*args))
+    (prog,) = c.programs.values()
+    assert _split_kernels(prog)
