@@ -374,10 +374,19 @@ def _search(plan: Plan, call: Call) -> tuple[dict, bool]:
     g = plan.captured
     return {"eager": False, "kernels": [encode_kernel(k) for k in kernels],
             "sizes": dict(g.size_sources), "guards": sizes.guards(g.shape_env) if g.shape_env else "True",
+            "static": _static_sizes(call.example, g.size_sources),
             "bucket": list(sizes.bucket(call.sizes(g))),
             "consts": [c.cpu() for c in plan.stages["constants"]],
             "results": [(n.name, ("out", i)) for i, n in enumerate(fused.outputs)], "notes": [],
             "summary": summary}, True
+
+
+def _static_sizes(example: list[torch.Tensor], sources: dict[str, tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """(input, dimension, size) of every dimension a shape-generic plan was traced with as a constant: its kernels
+    hold that size, so a call of another size there does not fit the plan."""
+    symbolic = set(sources.values())
+    return [(i, d, n) for i, t in enumerate(example) for d, n in enumerate(t.shape)
+            if sources and (i, d) not in symbolic]
 
 
 def _log_plan(c: int, plans: list[KernelPlan], schedules: list[Schedule]) -> None:

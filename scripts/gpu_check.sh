@@ -3,6 +3,10 @@
 #
 #     bash scripts/gpu_check.sh fuzz     # 312 fp16 and 312 bf16 random programs as compiled kernels
 #     bash scripts/gpu_check.sh held     # every held program, fp16 and bf16, checked and timed against eager
+#     bash scripts/gpu_check.sh generic  # #22: first-call times cold and from the cache in a new process, generic
+#                                        # against exact kernels at S=4096
+#     bash scripts/gpu_check.sh sweep    # #22: 50 random lengths (1K-32K) of h2o and keyformer, one generic plan
+#     bash scripts/gpu_check.sh decode   # #22: h2o with 1, 4, 16 queries against 8K-128K keys, against its peers
 #     bash scripts/gpu_check.sh ab DIR   # the reference workloads, DIR's compiler (a `git archive REV
 #                                        # flashtensor` copy) against this tree's, timed side by side
 #
@@ -21,11 +25,26 @@ fuzz)
     tail -n 3 "$OUT/fuzz_fp16.log" "$OUT/fuzz_bf16.log" ;;
 held)
     JOBS=12 REUSE=1 bash scripts/held_gpu.sh --dtypes fp16,bf16 --rep 15 --rounds 1 --json "$OUT/held.json" ;;
+generic)
+    G="python -m flashtensor.bench.generic"
+    export FLASHTENSOR_CACHE_DIR=/tmp/ft-cache-cold; rm -rf "$FLASHTENSOR_CACHE_DIR"
+    # cold first calls, one process per workload, all at once (an upper bound: they share the CPU and GPU),
+    # each then planning its generic kernels for versus (timed below, one at a time)
+    for w in $W; do ($G compile --names "$w" > "/tmp/cold_$w.txt" 2>&1; $G versus --names "$w" > /dev/null 2>&1) & done
+    wait
+    cat /tmp/cold_*.txt | grep "^compile" | tee "$OUT/generic.txt"
+    for w in $W; do $G compile --names "$w"; done | tee -a "$OUT/generic.txt"     # from the cache, a new process each
+    $G versus --json "$OUT/versus.json" | tee -a "$OUT/generic.txt" ;;
+sweep)
+    export FLASHTENSOR_CACHE_DIR=/tmp/ft-cache-sweep; rm -rf "$FLASHTENSOR_CACHE_DIR"
+    python -m flashtensor.bench.generic sweep --heads 4 --json "$OUT/sweep.json" | tee "$OUT/sweep.txt" ;;
+decode)
+    python -m flashtensor.bench.generic decode --json "$OUT/decode.json" | tee "$OUT/decode.txt" ;;
 ab)
     base=${2:?the base tree: a directory holding a flashtensor package}
     for w in $W; do python -m flashtensor.bench.ab "$w" --trees "base=$base,new=." --check-only > /dev/null 2>&1 & done
     wait
     python -m flashtensor.bench.ab $W --trees "base=$base,new=." --rep 30 | tee "$OUT/ab.txt" ;;
 *)
-    echo "usage: bash scripts/gpu_check.sh fuzz | held | ab BASE_TREE" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_check.sh fuzz | held | generic | sweep | decode | ab BASE_TREE" >&2; exit 2 ;;
 esac

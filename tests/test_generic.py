@@ -68,6 +68,16 @@ def test_generic_after_a_second_length():
     assert info["hits"] == 3, info
 
 
+def test_a_generic_plan_keeps_its_constant_sizes():
+    """Generic in the lengths that changed, a plan holds the head count constant: a call with another head count
+    plans again, generic in heads from then on (a dimension that once changed stays generic), and matches eager."""
+    c = ft.compile(h2o_finfo, cache=False)
+    for k, (b, h, s) in enumerate([(1, 2, 64), (1, 2, 80), (1, 3, 80), (2, 1, 48), (2, 3, 17)]):
+        _check(h2o_finfo, c, _inputs(b, h, s, s, seed=k))
+    info = c.cache_info()
+    assert info["searches"] == 4 and info["generic"] == 3 and info["hits"] == 1, info
+
+
 def test_guards_keep_a_plan_to_the_sizes_it_serves():
     """A plan traced with q_len <= kv_len does not serve q_len > kv_len (its causal mask's skipped tiles assume
     it): that call plans again, and both match eager."""

@@ -116,10 +116,10 @@ def _qkv(dtype, seed=0):
 
 # ---- how the checks see a plan -------------------------------------------------------------------------------------
 
-def _compiled(fn, args):
+def _compiled(fn, args, tiles=TILES):
     """ft.compile at the small tiles, called once, matching eager (bf16 by docs/design.md §6's float64 rule: eager's
     bf16 is itself 3-5e-3 from the exact answer, and the interpreter's further)."""
-    compiled = ft.compile(fn, cache=False, configs=TILES)
+    compiled = ft.compile(fn, cache=False, configs=tiles)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out = compiled(*args)
@@ -147,26 +147,36 @@ def _ranges(prog, args) -> list[torch.Tensor]:
     return [next((bufs[b.source] for b in k.buffers if b.source[0] == "ranges"), None) for k in prog.kernels]
 
 
-def _check_ranges(r: torch.Tensor, masked: torch.Tensor, transposed: bool = False) -> tuple[int, int]:
+def _check_ranges(r: torch.Tensor, masked: torch.Tensor, transposed: bool = False, rows: int = BLOCK,
+                  split: int = 1) -> tuple[int, int]:
     """The ranges of a kernel over query tiles looping over keys (or, transposed, over key tiles looping over queries)
-    against eager's masked elements (batch entries, S, S): every loop position a range leaves out is masked on every
-    row of its tile, and a query row with no key kept (whose row max eager takes over masked scores) is never left
-    out. Returns the loop tiles visited and all of them."""
+    against eager's masked elements (batch entries, S, S), one range [lo, hi) less a gap [ga, gb) per block of
+    `rows` rows (`split` of them a row tile of the kernel): every loop position they leave out is masked on every
+    row of its block, a query row with no key kept (whose row max eager takes over masked scores) is never left
+    out, and the run [fa, fb) that runs without the mask keeps every element. Returns the loop tiles the kernel visits (the union of its row tile's ranges, less the gap they share) and
+    all of them."""
     full = masked.all(-1)                                   # (batch entries, queries): fully masked rows
     grid = masked.transpose(-1, -2) if transposed else masked
+    n = masked.shape[-1]
     visited = total = 0
     for b in range(r.shape[0]):
         for t in range(r.shape[1]):
-            lo, hi = r[b, t].tolist()
-            rows = grid[b, t * BLOCK:(t + 1) * BLOCK]
-            out = [x for x in range(S) if not lo <= x < hi]
-            assert rows[:, out].all(), (b, t, lo, hi)
+            lo, hi, ga, gb, fa, fb = (r[b, t].tolist() + [0, 0])[:6]
+            block = grid[b, t * rows:(t + 1) * rows]
+            out = [x for x in range(n) if not lo <= x < hi or ga <= x < gb]
+            assert block[:, out].all(), (b, t, lo, hi, ga, gb)
+            assert not block[:, fa:fb].any(), (b, t, fa, fb)      # a run of tiles the masks keep whole
             if transposed:
-                assert not full[b, out].any(), (b, t, lo, hi)
-            elif full[b, t * BLOCK:(t + 1) * BLOCK].any():
-                assert lo == 0 and hi >= S, (b, t, lo, hi)
-            visited += max(0, math.ceil(min(hi, S) / BLOCK) - lo // BLOCK)
-            total += math.ceil(S / BLOCK)
+                assert not full[b, out].any(), (b, t, lo, hi, ga, gb)
+            elif full[b, t * rows:(t + 1) * rows].any():
+                assert lo == 0 and hi >= n and ga == gb, (b, t, lo, hi, ga, gb)
+        for t in range(0, r.shape[1], split):
+            tile = r[b, t:t + split]
+            lo, hi = tile[:, 0].min().item(), min(tile[:, 1].max().item(), n)
+            ga = min(max(tile[:, 2].max().item(), lo), hi)
+            gb = max(ga, min(tile[:, 3].min().item(), hi))
+            visited += max(0, math.ceil(hi / BLOCK) - lo // BLOCK) - (gb - ga) // BLOCK
+            total += math.ceil(n / BLOCK)
     return visited, total
 
 
@@ -188,16 +198,16 @@ def _dots(compiled, args) -> int:
     return count[0]
 
 
-def _skips(fn, args, masked, none) -> None:
+def _skips(fn, args, masked, none, tiles=TILES, rows=BLOCK) -> None:
     """fn(*args) matches eager, explain lists run-time regions, its ranges leave out masked tiles only, and the
     kernel visits exactly the tiles in them: its dots against those of fn on `none`, the arguments with a mask that
     masks nothing."""
-    compiled, prog = _compiled(fn, args)
+    compiled, prog = _compiled(fn, args, tiles)
     props = ft.explain(compiled, *args).properties
     assert props[0].runtime and not props[0].skipped, props
-    visited, total = _check_ranges(_ranges(prog, args)[0], masked)
+    visited, total = _check_ranges(_ranges(prog, args)[0], masked, rows=rows, split=tiles[0].block_row // rows)
     assert visited < total
-    unmasked, _ = _compiled(fn, none)
+    unmasked, _ = _compiled(fn, none, tiles)
     assert _dots(compiled, args) * total == _dots(unmasked, none) * visited
 
 
@@ -209,6 +219,50 @@ def test_hf_additive_masks_skip_their_masked_tiles(mask, dtype):
     keep = MASKS[mask]()
     q, k, v = _qkv(dtype)
     _skips(hf_attention, (q, k, v, _additive(keep, dtype)), ~keep[:, 0], (q, k, v, _additive(keep | True, dtype)))
+
+
+def test_a_row_tile_is_read_by_blocks_of_32_rows():
+    """A row tile of 64 is two pre-pass programs of 32 rows (so that every multiprocessor reads); the kernel takes
+    the union of their ranges. At 160 keys, with 40 of them padding in one sequence."""
+    n = 160
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    keep = (j <= i) & (j >= torch.tensor([0, 40])[:, None, None, None])
+    g = torch.Generator().manual_seed(9)
+    q, k, v = [torch.randn(B, H, n, D, generator=g).half() for _ in range(3)]
+    _skips(hf_attention, (q, k, v, _additive(keep, torch.float16)), ~keep[:, 0],
+           (q, k, v, _additive(keep | True, torch.float16)), tiles=(TileConfig(64, BLOCK, 4, 2),), rows=32)
+
+
+def test_sinks_and_a_window_leave_a_gap():
+    """StreamingLLM's sinks and window as a mask passed in: a row tile past the window keeps the sink tile and the
+    window's; the keys between are a gap its loop steps over."""
+    keep = sinks()
+    q, k, v = _qkv(torch.float32, 10)
+    args = (q, k, v, _additive(keep, torch.float32))
+    _skips(hf_attention, args, ~keep[:, 0], (q, k, v, _additive(keep | True, torch.float32)))
+    r = _ranges(_compiled(hf_attention, args)[1], args)[0]
+    assert (r[..., 3] > r[..., 2]).any(), r
+
+
+def test_tiles_the_mask_keeps_run_without_it_and_the_longest_first():
+    """The pre-pass also finds each row tile's longest run of tiles whose every element the mask keeps (0 added):
+    one loop of the kernel runs them without loading the mask, as FlexAttention's full blocks do. And it sorts the
+    row tiles by their ranges, so that the longest start first: causal, the last row tile first."""
+    keep = causal()
+    q, k, v = _qkv(torch.float32, 11)
+    args = (q, k, v, _additive(keep, torch.float32))
+    _, prog = _compiled(hf_attention, args)
+    kernel = prog.kernels[0]
+    mask = next(b.name for b in kernel.buffers if b.source == ("in", 3))
+    start = kernel.source.index("    else:\n        fin = 1")         # the first pass, to the pre-passes' code
+    first = kernel.source[start:kernel.source.index("@triton.jit", start)]
+    loops = first.split("for n0 in ")[1:]
+    assert any(f"tl.load({mask} " not in loop for loop in loops) and any(f"tl.load({mask} " in loop for loop in loops)
+    bufs = _buffers(prog, args)
+    r = next(t for key, t in bufs.items() if key[0] == "ranges")
+    assert (r[..., 5] > r[..., 4]).any(), r
+    order = next(t for key, t in bufs.items() if key[0] == "order")
+    assert order.tolist() == [list(range(S // BLOCK))[::-1]] * B, order
 
 
 def test_left_padded_rows_are_uniform_as_eager():
@@ -272,6 +326,30 @@ def test_captured_bool_masks_skip_their_masked_tiles(mask, fill):
     assert visited < total
     unmasked, _ = _compiled(captured_attention(torch.ones(S, S, dtype=torch.bool), fill), (q, k, v))
     assert _dots(compiled, (q, k, v)) * total == _dots(unmasked, (q, k, v)) * visited
+
+
+def test_one_generic_plan_serves_every_length():
+    """dynamic=True: the query length is a size argument (the mask's last dimension, the keys, stays static), the
+    range buffers' shapes size expressions allocated at launch; lengths that are and are not multiples of the tiles
+    and past the length the kernels were emitted for, q_len < kv_len (a mask of every query's keys, with left
+    padding), from the one plan, against eager, each call skipping."""
+    compiled = ft.compile(hf_attention, dynamic=True, cache=False, configs=TILES)
+    for seed, (sq, sk) in enumerate([(80, 80), (37, 80), (64, 80), (150, 80)]):
+        g = torch.Generator().manual_seed(seed)
+        q = torch.randn(B, H, sq, D, generator=g)
+        k, v = (torch.randn(B, H, sk, D, generator=g) for _ in range(2))
+        i, j = torch.arange(sq)[:, None] + (sk - sq), torch.arange(sk)[None, :]
+        keep = (j <= i) & (j >= torch.tensor([0, sk // 3])[:, None, None, None])
+        args = (q, k, v, _additive(keep, torch.float32))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = compiled(*args)
+        assert_close(out, hf_attention(*args))
+        prog = compiled.program_for(args)
+        assert prog.generic and prog.kernels[0].prologues, prog.notes
+        visited, total = _check_ranges(_ranges(prog, args)[0], ~keep[:, 0])
+        assert visited < total
+    assert compiled.cache_info()["searches"] == 1, compiled.cache_info()
 
 
 # ---- what the finite check still does -----------------------------------------------------------------------------

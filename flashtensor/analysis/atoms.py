@@ -23,14 +23,16 @@ HUGE = 2.0 ** 15       # a finite mask constant at least this large (finfo.min o
 MODERATE = 2.0 ** 14   # the inputs a skip by a huge constant relies on are checked to be at most this large
 
 # each test as Triton prints it over the value (codegen/ranges.py) and explain shows it
-TESTS = {"true": "!= 0", "false": "== 0", "huge": f"<= {-HUGE}", "above": f">= {-MODERATE}", "below": f"<= {MODERATE}"}
+TESTS = {"true": "!= 0", "false": "== 0", "huge": f"<= {-HUGE}", "above": f">= {-MODERATE}", "below": f"<= {MODERATE}",
+         "zero": "== 0"}
+KEPT = {"false": "true", "true": "false", "huge": "zero"}    # a masking test's value where the mask keeps an element
 
 
 @dataclass(frozen=True)
 class Atom:
     """Where `node`, a mask computed from the data alone, passes `test` at the element's own index: a bool one is
-    true or false there, a float one added to the scores is hugely negative ("huge") or moderate from below
-    ("above") or above ("below")."""
+    true or false there, a float one added to the scores is hugely negative ("huge"), moderate from below ("above")
+    or above ("below"), or 0 ("zero": the element is kept, and the mask adds nothing)."""
     node: LNode
     test: str
 
@@ -107,6 +109,12 @@ def masks(nodes: list[LNode], scope: Scope) -> tuple[set[LNode], set[LNode]]:
                for k, a in enumerate(n.args) if (k == 0 or n.op == "add") and isinstance(a, LNode)
                and a.dtype.is_floating_point and shared(a)}
     return bools, addends
+
+
+def kept(region: tuple) -> list[Atom]:
+    """The atoms that hold where a region's masks keep an element (a bool mask true where the region needs it false,
+    a mask added to the scores 0 where it needs it hugely negative): tiles where they all do run without the masks."""
+    return [Atom(c.node, KEPT[c.test]) for c in region if isinstance(c, Atom) and c.test in KEPT]
 
 
 def classes(n: LNode) -> tuple[list[tuple], list[tuple], list[tuple]]:

@@ -155,6 +155,8 @@ class Facts:
             self.facts[n] = self._node(n)
             if not self.facts[n] and n in self.bools:
                 self.facts[n] = [((Atom(n, "true"),), True), ((Atom(n, "false"),), False)]
+            if n in self.addends:       # tiles where the mask keeps every element run without it (codegen/ranges.py)
+                self.facts[n] = self.facts[n] + [((Atom(n, "zero"),), 0.0)]
             self._classes(n)
         return self
 
@@ -320,11 +322,13 @@ class Magnitudes:
     as the kernels take them to stay finite (docs/design.md §3.5)."""
 
     def run(self, n: LNode, f: "Facts") -> tuple[list[Region], list[Region], list[Fact]]:
+        if n in f.addends:      # a mask added to the scores: its own atoms say everything
+            return classes(n)
         consts = [(r, v) for r, v in f.facts[n] if _number(v)]
         above = [r for r, v in consts if v >= -MODERATE]
         below = [r for r, v in consts if v <= MODERATE]
         huge = [(r, float(v)) for r, v in consts if -math.inf < v <= -HUGE]
-        a, b, h = classes(n) if n in f.addends else self._rules(n, f)
+        a, b, h = self._rules(n, f)
         return (list(dict.fromkeys(above + a))[:_CAP], list(dict.fromkeys(below + b))[:_CAP],
                 list(dict.fromkeys(huge + h))[:_CAP])
 

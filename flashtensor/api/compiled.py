@@ -30,9 +30,10 @@ class Compiled:
         self.options = options
         self.programs: dict[tuple, Program] = {}
         # shape-generic programs by the program's structure (guards.Guards.key without shapes), each serving
-        # the sizes its guards admit; and the tensor shapes of the first call of each structure
+        # the sizes its guards admit; and per structure, the tensor shapes of its first call and the dimensions
+        # in which a later call differed from them
         self.generic: dict[tuple, list[Program]] = {}
-        self._first: dict[tuple, list[tuple[int, ...]]] = {}
+        self._first: dict[tuple, tuple[list[tuple[int, ...]], set[tuple[int, int]]]] = {}
         # per program: the tensors the plan baked in, with their versions then, and whether any requires grad
         self._baked: dict[int, tuple[list[tuple[torch.Tensor, int]], bool]] = {}
         self._counts = {"searches": 0, "tunes": 0, "hits": 0, "misses": 0}
@@ -140,8 +141,9 @@ class Compiled:
         """The (leaf, dimension) pairs a new plan for `call` is generic in: with `dynamic=True`, every dimension
         but a tensor's last where no other dimension of the inputs has its size (a head or feature dimension,
         which kernels hold whole in a tile; a last dimension as long as another, KeyFormer's S x S noise, is
-        taken to be that axis); by default those in which this call's shapes differ from the first call of the
-        same structure (as torch.compile's automatic dynamic shapes); none with `dynamic=False`."""
+        taken to be that axis); by default those in which this call's or an earlier call's shapes differed from
+        the first call of the same structure (as torch.compile's automatic dynamic shapes); none with
+        `dynamic=False`."""
         tensors = [(i, tuple(a.shape)) for i, a in enumerate(call.leaves) if isinstance(a, torch.Tensor)]
         if self.options.dynamic is False:
             return frozenset()
@@ -151,9 +153,10 @@ class Compiled:
             inner = {n for _, shape in tensors for n in shape[:-1]}
             return frozenset((i, d) for i, shape in tensors for d in range(len(shape))
                              if d < len(shape) - 1 or shape[d] in inner)
-        first = self._first.setdefault(self._guards.key(call, shapes=False), [s for _, s in tensors])
-        return frozenset((i, d) for (i, shape), old in zip(tensors, first) for d in range(len(shape))
-                         if shape[d] != old[d])
+        first, changed = self._first.setdefault(self._guards.key(call, shapes=False), ([s for _, s in tensors], set()))
+        changed.update((i, d) for (i, shape), old in zip(tensors, first) for d in range(len(shape))
+                       if shape[d] != old[d])
+        return frozenset(changed)
 
     def _count_changes(self, changed: bool) -> None:
         """A function whose own run changes what it reads (a call log it appends to) misses on every call, and

@@ -3,6 +3,7 @@
     python -m flashtensor.bench.generic sweep [--names h2o,keyformer] [--lengths 50] [--lo 1024] [--hi 32768]
     python -m flashtensor.bench.generic versus [--names attn,h2o,...] [--S 4096]
     python -m flashtensor.bench.generic decode [--q 1,4,16] [--kv 8192,32768,131072] [--splits N]
+    python -m flashtensor.bench.generic compile [--names attn,h2o,...] [--S 4096]
     (--small: the CPU interpreter's shapes; every mode checks its outputs against eager where eager fits)
 
 sweep: one `ft.compile(fn, dynamic=True)` per workload called at random lengths; per call the searches and
@@ -10,7 +11,9 @@ tunes it cost (`cache_info`), and per bucket the host time of a call in it (the 
 waiting for the GPU, median over repeats). versus: each workload's kernels planned for its exact shape and
 generically, timed side by side. decode: h2o with a few queries against long keys, against eager,
 torch.compile, and its attention alone (compiled too) against SDPA, with the split counts of their key loops
-(codegen/split.py). Results print as tables; --json keeps the records.
+(codegen/split.py). compile: the wall time of each workload's first call, planning included (from the on-disk
+cache when an earlier process stored the plan: run it twice for cold and cached). Results print as lines; --json
+keeps the records.
 """
 from __future__ import annotations
 
@@ -106,6 +109,28 @@ def versus(names: list[str], S: int, device: str, dims: dict, timed: bool) -> li
     return out
 
 
+def first_call(names: list[str], S: int, device: str, dims: dict) -> list[dict]:
+    out = []
+    for name in names:
+        fn, args = _make(name, device, dims, S, 0)
+        c = ft.compile(fn)
+        with torch.no_grad():
+            t = time.perf_counter()
+            got = c(*args)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            first = time.perf_counter() - t
+            ok = bench.compare(got, fn(*args))["ok"]
+        prog = c.program_for(args)
+        rec = {"program": name, "S": S, "ok": ok, "first_s": first, "from_cache": prog.cached,
+               "fused": not prog.plan.eager}
+        out.append(rec)
+        print(f"compile {name}: {'pass' if ok else 'FAIL'}, first call {first:.2f} s "
+              f"({'from the cache' if prog.cached else 'planned'}{'' if rec['fused'] else ', eager'})", flush=True)
+        bench._free()
+    return out
+
+
 def _probs(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """P for q_len < kv_len ((B, S, H, D) inputs): the causal mask offset to the last q_len key positions."""
     qt, kt = q.transpose(1, 2), k.transpose(1, 2)
@@ -169,12 +194,12 @@ def decode(qs: list[int], kvs: list[int], device: str, dims: dict, timed: bool, 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m flashtensor.bench.generic", description=__doc__.splitlines()[0])
-    p.add_argument("mode", choices=["sweep", "versus", "decode"])
+    p.add_argument("mode", choices=["sweep", "versus", "decode", "compile"])
     p.add_argument("--names", default="", help="workloads (sweep: h2o,keyformer; versus: the seven attention ones)")
     p.add_argument("--lengths", type=int, default=50, help="sweep: how many random lengths")
     p.add_argument("--lo", type=int, default=1024)
     p.add_argument("--hi", type=int, default=32768)
-    p.add_argument("--S", type=int, default=4096, help="versus: the sequence length")
+    p.add_argument("--S", type=int, default=4096, help="versus, compile: the sequence length")
     p.add_argument("--heads", type=int, default=32, help="heads (keyformer's noise is B x H x S x S)")
     p.add_argument("--q", default="1,4,16", help="decode: query lengths")
     p.add_argument("--kv", default="8192,32768,131072", help="decode: key lengths")
@@ -192,9 +217,10 @@ def main(argv: list[str] | None = None) -> int:
         draw = random.Random(0)
         lengths = [draw.randint(lo, hi) for _ in range(args.lengths)]
         recs = sweep(names, lengths, device, dims)
-    elif args.mode == "versus":
+    elif args.mode in ("versus", "compile"):
         names = [n for n in (args.names or ",".join(ATTENTION)).split(",") if n]
-        recs = versus(names, 96 if args.small else args.S, device, dims, timed)
+        S = 96 if args.small else args.S
+        recs = versus(names, S, device, dims, timed) if args.mode == "versus" else first_call(names, S, device, dims)
     else:
         kvs = [40, 100] if args.small else [int(x) for x in args.kv.split(",")]
         splits = 3 if args.small and args.splits is None else args.splits   # the CPU's lengths fill no GPU

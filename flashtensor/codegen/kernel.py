@@ -47,21 +47,18 @@ def emit_kernel(spec: KernelSpec, cfg: TileConfig) -> KernelSource:
         if early:   # tiles that can set an `any` first, the constant-folded ones (mostly false) last
             segments = sorted(segments, key=lambda seg: bool(seg[2] & set(s.special)))
             body.append(f"more = {loop.unsettled(em, accs)}")
-        for lo, hi, region, bounds in segments:
+        for k, (lo, hi, region, bounds) in enumerate(segments):
             ctx = Body(p, region, bounds, {**em.cache_pre, **final_cache})
             loop.loop_body(em, ctx, accs, running)
             for n, _ in em.checks.values():     # a checked load these tiles do not otherwise need
                 if s.loop in n.vars and ctx.lookup(n) is None:
                     ctx.cache[id(n)] = em.compute(n, ctx, ctx.lines)
             if early:
-                ctx.lines += [f"more = {loop.unsettled(em, accs)}", f"l0 += {em.blk[s.loop]}"]
-                body += [f"l0 = {lo} + tl.zeros([], tl.int32)", f"while (l0 < {hi}) & more:"]
+                jump = ["l0 = tl.where((l0 >= ga) & (l0 < gb), gb, l0)"] if s.runtime_gap else []
+                ctx.lines += [f"more = {loop.unsettled(em, accs)}", f"l0 += {em.blk[s.loop]}"] + jump
+                body += [f"l0 = {lo} + tl.zeros([], tl.int32)"] + jump + [f"while (l0 < {hi}) & more:"]
             else:
-                # tl.range with explicit stages: Triton then also pipelines the loop's loads that feed no dot.
-                # A loop that runs starts at a multiple of the block (see _segments); said so, Triton loads a
-                # tile contiguous along the loop variable (KeyFormer's noise) in 16-byte pieces, not 4
-                body.append(f"for l0 in tl.range(tl.multiple_of({lo}, {em.blk[s.loop]}), {hi}, {em.blk[s.loop]}, "
-                            f"num_stages={cfg.num_stages}):")
+                body += loop.loop_header(em, k, lo, hi, cfg.num_stages)
             step = f"i_{s.loop} = l0" if s.stepped else f"o_{s.loop} = l0 + tl.arange(0, {em.blk[s.loop]})"
             body.append("    " + step)
             body += ["    " + ln for ln in ctx.lines]

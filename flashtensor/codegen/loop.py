@@ -56,10 +56,11 @@ def segments(em: Tiles) -> list[tuple[str, str, frozenset, bool]]:
     for h in s.special:
         _outside(em, h, ulo, uhi)
         live.add(negate(h))
+    bounds: tuple[str, ...] = ()
     if s.runtime:       # the range a pre-pass found outside the regions over masks read from tensors
-        rlo, rhi = ranges.load_range(em)
-        lo.append(rlo)
-        hi.append(rhi)
+        bounds = ranges.load_range(em)
+        lo.append(bounds[0])
+        hi.append(bounds[1])
         for h in _planes(s):      # the bulk also stays outside their one-sided half-planes: they fold there too
             _outside(em, h, ulo, uhi)
             live.add(negate(h))
@@ -78,6 +79,9 @@ def segments(em: Tiles) -> list[tuple[str, str, frozenset, bool]]:
                    f"{source(L.extent)})",
                    "lo = tl.minimum(tl.maximum(lo, slo), shi)", "hi = tl.maximum(lo, tl.minimum(hi, shi))"]
     pieces = [("lo", "hi", ulo, uhi, live)]
+    if s.runtime_gap:   # the largest gap the pre-pass found: every loop steps over it (loop_header)
+        em.pre.append(f"ga = tl.minimum(tl.maximum({bounds[2]}, lo), hi)")
+        em.pre.append(f"gb = ga + (tl.maximum(ga, tl.minimum({bounds[3]}, hi)) - ga) * fin")
     if gap is not None:
         ups, downs, rows = gap
         start = f"({_fold('tl.maximum', [_inside(em, h) for h in ups])} + {bl - 1}) // {bl} * {bl}"
@@ -99,7 +103,7 @@ def segments(em: Tiles) -> list[tuple[str, str, frozenset, bool]]:
         # the bulk ends by `hi` where a run-time range may end before the compile-time bulk does
         em.pre.append(f"{ub} = tl.maximum({ua}, "
                       f"{_fold('tl.minimum', his + ([b] if b != 'hi' or s.runtime or em.split else []))})")
-        segs += [(a, ua, none, True), (ua, ub, frozenset(bulk), False), (ub, b, none, True)]
+        segs += [(a, ua, none, True)] + _bulk(em, k, ua, ub, frozenset(bulk), bounds[4:]) + [(ub, b, none, True)]
     for h in s.special:
         cl, kmin, _ = _span(em, h)
         if cl > 0:      # from the first tile wholly inside h to the end
@@ -113,6 +117,35 @@ def segments(em: Tiles) -> list[tuple[str, str, frozenset, bool]]:
             em.pre.append(f"sp = lo + (tl.minimum(tl.maximum({end}, lo), {head}) - lo) * fin")
             segs = [("lo", "sp", frozenset([h]), True), ("sp", head, none, True)] + segs[1:]
     return segs
+
+
+def _bulk(em: Tiles, k: int, ua: str, ub: str, region: frozenset, kept: tuple[str, ...]) -> list:
+    """The bulk segment [ua, ub); where a pre-pass found a run [rfa, rfb) of tiles whose masks keep every element
+    (`kept`), the part of it inside the bulk runs with their constants in place (ranges.kept_atoms)."""
+    if not kept:
+        return [(ua, ub, region, False)]
+    fa, fb = f"fa{k}", f"fb{k}"
+    em.pre.append(f"{fa} = tl.minimum(tl.maximum({kept[0]}, {ua}), {ub})")
+    em.pre.append(f"{fb} = {fa} + (tl.maximum({fa}, tl.minimum({kept[1]}, {ub})) - {fa}) * fin")
+    return [(ua, fa, region, False), (fa, fb, region | frozenset(ranges.kept_atoms(em.s)), False),
+            (fb, ub, region, False)]
+
+
+def loop_header(em: Tiles, k: int, lo: str, hi: str, stages: int) -> list[str]:
+    """The header of segment k's loop over [lo, hi), tiles of the loop variable at `l0`. With a gap found at run
+    time, the loop counts the segment's tiles outside it and steps over it (one loop, not one per side, so the body
+    is not printed twice; Triton still pipelines its loads)."""
+    bl = em.blk[em.s.loop] if em.s.loop is not None else 1
+    if not em.s.runtime_gap:
+        # tl.range with explicit stages: Triton then also pipelines the loop's loads that feed no dot. A loop that
+        # runs starts at a multiple of the block (see segments); said so, Triton loads a tile contiguous along the
+        # loop variable (KeyFormer's noise) in 16-byte pieces, not 4
+        return [f"for l0 in tl.range(tl.multiple_of({lo}, {bl}), {hi}, {bl}, num_stages={stages}):"]
+    # counted in tiles, so that l0 is a multiple of the block by its arithmetic: a tl.multiple_of hint on it made
+    # Triton 3.6's sm_90 pipeline fail on a bool mask's loads (cp.async of 1 byte)
+    return [f"g0_{k} = tl.maximum({lo}, ga)", f"gn_{k} = tl.maximum(tl.minimum({hi}, gb) - g0_{k}, 0)",
+            f"for n0 in tl.range({lo} // {bl}, ({hi} - gn_{k} + {bl - 1}) // {bl}, num_stages={stages}):",
+            f"    l0 = (n0 + tl.where(n0 >= g0_{k} // {bl}, gn_{k} // {bl}, 0)) * {bl}"]
 
 
 def _planes(s: Schedule) -> list[Affine]:
@@ -268,7 +301,8 @@ def unsettled(em: Tiles, accs: list[Accum]) -> str:
 
 def placement(em: Tiles, ntiles: Size, grid1: Size) -> list[str]:
     """Row tile and batch index of this program. Tiles whose loop covers the most are launched first
-    (the direction follows the skipped and constant-folded half-planes), across the batch in groups of
+    (the direction follows the skipped and constant-folded half-planes; with run-time ranges, the order a pre-pass
+    sorted them in), across the batch in groups of
     about `group_programs` programs: the longest tiles of a group start together and its shortest end it,
     so the last wave is short, while a group's batch entries are few enough to share the cache."""
     s = em.s
@@ -284,18 +318,20 @@ def placement(em: Tiles, ntiles: Size, grid1: Size) -> list[str]:
     else:
         out += [f"g = {pid} // {span}", f"gn = tl.minimum({group}, {n} - g * {group})",
                 f"t = ({pid} - g * {span}) // gn", f"b = g * {group} + ({pid} - g * {span}) % gn"]
+    index, rest = [], "b"
+    for v in reversed(s.batch):
+        index.append(f"i_{v} = {rest} % {source(v.extent)}")
+        rest = f"({rest} // {source(v.extent)})"
+    if s.row is not None and s.runtime:     # in the order a pre-pass found: the longest ranges first
+        return out + index + ranges.load_order(em) + [f"r0 = t * {em.blk[s.row]}",
+                                                      f"o_{s.row} = r0 + tl.arange(0, {em.blk[s.row]})"]
     if s.row is not None:
         # loop work grows with the row index (a gap's rows bound it on both sides, so it does not count)
-        ends = [h for reg in s.skip if reg != s.gap for h in reg if s.loop is not None and h.coeff(s.loop)] + \
-            (_planes(s) if s.runtime else [])
+        ends = [h for reg in s.skip if reg != s.gap for h in reg if s.loop is not None and h.coeff(s.loop)]
         grows = sum(h.coeff(s.row) for h in ends + s.special) < 0
         out.append(f"r0 = ({source(ntiles - 1)} - t) * {em.blk[s.row]}" if grows else f"r0 = t * {em.blk[s.row]}")
         out.append(f"o_{s.row} = r0 + tl.arange(0, {em.blk[s.row]})")
-    rest = "b"
-    for v in reversed(s.batch):
-        out.append(f"i_{v} = {rest} % {source(v.extent)}")
-        rest = f"({rest} // {source(v.extent)})"
-    return out
+    return out + index
 
 
 def _alpha(base: str, d: LNode, k: float) -> str:

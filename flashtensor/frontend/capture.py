@@ -62,12 +62,7 @@ def trace(fn: Callable, args: Sequence[torch.Tensor], dynamic: frozenset[tuple[i
                 # see, where the IR's pure nodes would otherwise keep reading the value from before the write
                 functional = torch.func.functionalize(wrapped, remove="mutations")
                 if dynamic:
-                    with size_oblivious():
-                        mode, fakes = symbolic_inputs(args, dynamic)
-                        sources = size_sources(fakes)      # before the trace finds sizes equal or constant
-                        with mode:
-                            gm = make_fx(functional, tracing_mode="real", _allow_non_fake_inputs=True)(*fakes)
-                    gm.meta["shape_env"], gm.meta["size_sources"] = mode.shape_env, sources
+                    gm = _symbolic_trace(functional, args, dynamic)
                 else:
                     gm = make_fx(functional, tracing_mode="fake", _allow_non_fake_inputs=True)(*args)
             except EagerOnly:
@@ -82,6 +77,31 @@ def trace(fn: Callable, args: Sequence[torch.Tensor], dynamic: frozenset[tuple[i
             raise CaptureError(f"{name(fn)} writes into its input {n.args[0].name}; FlashTensor "
                                "compiles functions that return new tensors (call this one directly)")
     return gm, rec.calls, returns[-1]
+
+
+def _symbolic_trace(fn: Callable, args: Sequence[torch.Tensor], dynamic: frozenset[tuple[int, int]]
+                    ) -> torch.fx.GraphModule:
+    """`trace`'s make_fx over symbolic fakes. A symbolic size is traced as never 1 (size-oblivious), so where a
+    dimension of size 1 broadcasts (a mask's head dimension) the trace fails: it is traced again with the
+    dimensions of size 1 static."""
+    ones = frozenset((i, d) for i, d in dynamic if args[i].shape[d] == 1)
+    if ones:
+        try:
+            return _make_symbolic(fn, args, dynamic)
+        except Exception:
+            log.debug("symbolic trace failed with sizes of 1 symbolic; tracing them static", exc_info=True)
+    return _make_symbolic(fn, args, dynamic - ones)
+
+
+def _make_symbolic(fn: Callable, args: Sequence[torch.Tensor], dynamic: frozenset[tuple[int, int]]
+                   ) -> torch.fx.GraphModule:
+    with size_oblivious():
+        mode, fakes = symbolic_inputs(args, dynamic)
+        sources = size_sources(fakes)      # before the trace finds sizes equal or constant
+        with mode:
+            gm = make_fx(fn, tracing_mode="real", _allow_non_fake_inputs=True)(*fakes)
+    gm.meta["shape_env"], gm.meta["size_sources"] = mode.shape_env, sources
+    return gm
 
 
 _CONSTANT = (int, float, complex, str, bytes, type(None), torch.dtype, torch.device, torch.Size)

@@ -15,7 +15,6 @@ from typing import Any, Mapping
 
 import sympy
 import torch
-from torch.fx.experimental.symbolic_shapes import guarding_hint_or_throw, optimization_hint
 
 Size = int | torch.SymInt
 
@@ -27,11 +26,15 @@ def symbolic(x: Any) -> bool:
 
 def hint(x: Any) -> Any:
     """x's value in the traced call, without a guard: for choices every size would be correct with."""
-    if isinstance(x, torch.SymInt):
-        return optimization_hint(x)
-    if isinstance(x, (torch.SymFloat, torch.SymBool)):
-        return x.node.hint if x.node.hint is not None else guarding_hint_or_throw(x.node)
-    return x
+    if not isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return x
+    node = x.node
+    if node.hint is not None:
+        return node.hint
+    env = node.shape_env
+    if hasattr(env, "guarding_hint_or_throw"):      # torch 2.13 renamed size_hint
+        return env.guarding_hint_or_throw(node.expr)
+    return env.size_hint(node.expr)
 
 
 def expr(x: Any) -> sympy.Expr:

@@ -77,6 +77,7 @@ class Program:
         self.compile_remainder = compile_remainder
         self.size_sources: dict[str, tuple[int, int]] = plan.entry.get("sizes", {})
         self.guards: str = plan.entry.get("guards", "True")
+        self.static: list[tuple[int, int, int]] = plan.entry.get("static", [])
         self.bucket: tuple = tuple(tuple(b) for b in plan.entry.get("bucket", ()))   # the tuned bucket
 
     @property
@@ -88,8 +89,13 @@ class Program:
         return {name: tensors[i].shape[d] for name, (i, d) in self.size_sources.items()}
 
     def fits(self, args: Sequence[Any]) -> bool:
-        """Whether the call's sizes satisfy the guards of a shape-generic plan (a static one fits its key)."""
-        return not self.generic or holds(self.guards, self.sizes([args[i] for i in self.tensor_positions]))
+        """Whether the call's sizes are those a shape-generic plan holds constant and satisfy its guards (a static
+        one fits its key)."""
+        if not self.generic:
+            return True
+        tensors = [args[i] for i in self.tensor_positions]
+        return (all(tensors[i].shape[d] == n for i, d, n in self.static)
+                and holds(self.guards, self.sizes(tensors)))
 
     @property
     def notes(self) -> list[str]:

@@ -90,6 +90,12 @@ class Schedule:
         return next((r for r in self.skip if self.loop is not None and any(h.coeff(self.loop) > 0 for h in r)
                      and any(h.coeff(self.loop) < 0 for h in r)), None)
 
+    @property
+    def runtime_gap(self) -> bool:
+        """Whether the loop leaves out a gap a pre-pass finds (codegen/ranges.py: the keys between attention sinks
+        and a window of a mask read from a tensor): where it has run-time regions and no compile-time gap."""
+        return bool(self.runtime) and self.gap is None
+
     def stops_early(self, pass_: int) -> bool:
         """Whether the pass's loop may stop once every accumulator holds its absorbing value: true
         when all are `any`, which stays true whatever the later tiles hold."""
