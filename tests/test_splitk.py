@@ -200,3 +200,22 @@ def test_reference_workloads_split_three_ways(name):
         assert_close(c(*args), fn(*args))
     (prog,) = c.programs.values()
     assert _split_kernels(prog)
+
+
+def hf_h2o(q, k, v, mask):
+    """transformers' eager attention with its additive mask passed in, and the column sums of P."""
+    p = F.softmax(_scores(q, k) + mask, dim=-1)
+    return p.to(q.dtype) @ v, p.sum(dim=-2)
+
+
+@pytest.mark.parametrize("kind", ["padding", "sinks"])
+def test_masks_read_from_tensors_split(kind):
+    """A mask passed in, whose tiles a pre-pass skips at run time (left padding; StreamingLLM's sinks and window, a
+    gap), with the loop split: pieces wholly inside the padding or the gap hold no live key."""
+    b, sq, sk = 2, 4, 200
+    i, j = torch.arange(sq)[:, None] + (sk - sq), torch.arange(sk)[None, :]
+    keep = (j <= i) & ((j >= torch.tensor([0, 70])[:, None, None, None]) if kind == "padding"
+                       else ((j < 4) | (j > i - 40)))
+    mask = torch.where(keep, 0.0, torch.finfo(torch.float32).min).expand(b, 1, sq, sk).contiguous()
+    prog = _run(hf_h2o, _inputs(sq, sk, torch.float32, b) + [mask], 3)
+    assert _split_kernels(prog)
