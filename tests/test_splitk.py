@@ -212,10 +212,10 @@ def hf_h2o(q, k, v, mask):
 def test_masks_read_from_tensors_split(kind):
     """A mask passed in, whose tiles a pre-pass skips at run time (left padding; StreamingLLM's sinks and window, a
     gap), with the loop split: pieces wholly inside the padding or the gap hold no live key."""
-    b, sq, sk = 2, 4, 200
+    b, sq, sk = 2, 17, 200
     i, j = torch.arange(sq)[:, None] + (sk - sq), torch.arange(sk)[None, :]
     keep = (j <= i) & ((j >= torch.tensor([0, 70])[:, None, None, None]) if kind == "padding"
                        else ((j < 4) | (j > i - 40)))
     mask = torch.where(keep, 0.0, torch.finfo(torch.float32).min).expand(b, 1, sq, sk).contiguous()
     prog = _run(hf_h2o, _inputs(sq, sk, torch.float32, b) + [mask], 3)
-    assert _split_kernels(prog)
+    assert any(k.prologues for k in prog.kernels if k.combine is not None), [k.name for k in prog.kernels]

@@ -72,11 +72,12 @@ def segments(em: Tiles) -> list[tuple[str, str, frozenset, bool]]:
     else:
         em.pre.append("lo = 0")
         em.pre.append(f"hi = {source(L.extent)}")
-    if em.split:        # this program's piece [slo, shi) of the loop, whole tiles; an empty one is at the end
-        em.pre += [f"slo = tl.minimum(sid * (({source(ceildiv(L.extent, bl))} + ns - 1) // ns) * {bl}, "
-                   f"{source(L.extent)})",
-                   f"shi = tl.minimum(slo + (({source(ceildiv(L.extent, bl))} + ns - 1) // ns) * {bl}, "
-                   f"{source(L.extent)})",
+    if em.split:
+        # this program's piece [slo, shi) of the loop, whole tiles; an empty one past the last tile. Its bounds are
+        # multiples of the block, so an empty piece is an empty range of tiles too (loop_header counts tiles)
+        nt = source(ceildiv(L.extent, bl))
+        em.pre += [f"slo = tl.minimum(sid * (({nt} + ns - 1) // ns), {nt}) * {bl}",
+                   f"shi = tl.minimum(slo + (({nt} + ns - 1) // ns) * {bl}, {nt} * {bl})",
                    "lo = tl.minimum(tl.maximum(lo, slo), shi)", "hi = tl.maximum(lo, tl.minimum(hi, shi))"]
     pieces = [("lo", "hi", ulo, uhi, live)]
     if s.runtime_gap:   # the largest gap the pre-pass found: every loop steps over it (loop_header)
