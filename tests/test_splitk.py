@@ -33,7 +33,7 @@ def h2o(q, k, v):
     """Attention output and the column sums of P, with the causal mask offset to the last q_len keys."""
     s = _scores(q, k)
     sq, sk = s.shape[-2:]
-    s = s + torch.full((sq, sk), float("-inf"), dtype=s.dtype).triu(sk - sq + 1)
+    s = s + torch.full((sq, sk), float("-inf"), dtype=s.dtype, device=s.device).triu(sk - sq + 1)
     p = F.softmax(s, dim=-1)
     return p.to(q.dtype) @ v, p.sum(dim=-2)
 
@@ -219,3 +219,21 @@ def test_masks_read_from_tensors_split(kind):
     mask = torch.where(keep, 0.0, torch.finfo(torch.float32).min).expand(b, 1, sq, sk).contiguous()
     prog = _run(hf_h2o, _inputs(sq, sk, torch.float32, b) + [mask], 3)
     assert any(k.prologues for k in prog.kernels if k.combine is not None), [k.name for k in prog.kernels]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("sq,sk,split", [(1, 32768, True), (16, 131072, True), (4096, 4096, False), (1, 128, False)])
+def test_the_sizes_choose_decode_splits_on_the_h200(sq, sk, split):
+    """At the GPU's shapes (B=1, H=32, D=128, fp16; meta tensors, nothing runs) the row kernel of a decode or a short
+    chunk splits its key loop to about Options.split_programs programs, and prefill's (1024 programs) does not, nor
+    a loop of too few tiles; the column kernel never splits."""
+    from flashtensor import driver
+    from flashtensor.codegen.kernel import emit_kernel
+    from flashtensor.options import CONFIGS
+
+    q, k = (torch.empty(1, 32, n, 128, dtype=torch.float16, device="meta") for n in (sq, sk))
+    (_, plan), *_ = driver.candidate_plans(h2o, [q, k, k.clone()])
+    row, col = (emit_kernel(spec, CONFIGS[0]) for spec in plan.stages["emit"][0])
+    assert (row.splits != 1) == split and col.splits == 1, (row.splits, col.splits)
+    if split:
+        assert row.grid[0] * 4 >= 528 and row.combine is not None, row.grid
