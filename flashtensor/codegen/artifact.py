@@ -61,7 +61,8 @@ class KernelSource:
     @property
     def config(self) -> str:
         """The tuned configuration in words (the tuner's progress line, explain's report)."""
-        split = f", loop split {self.splits} ways" if self.combine else ""
+        ways = f"{self.splits} ways" if isinstance(self.splits, int) else "as the call's sizes say"
+        split = f", loop split {ways}" if self.combine else ""
         return f"blocks {self.blocks}, {self.num_warps} warps, {self.num_stages} stages{split}"
 
 
