@@ -207,8 +207,9 @@ def _run(stages: list[tuple[str, Callable[[Plan, Call], Any]]], plan: Plan, call
 def build(fn: Callable, args: list[Any], options: Options = Options(), warned: Optional[set[str]] = None,
           dynamic: frozenset[tuple[int, int]] = frozenset()) -> Program:
     """Capture `fn` on `args` and plan it. Non-tensor arguments are baked in as constants. Each note is warned
-    once per `warned` (the compiled callable's set of notes warned so far). The (argument, dimension) pairs in
-    `dynamic` are symbolic: the plan serves every size its guards admit (`Program.fits`)."""
+    once per `warned` (the compiled callable's set of notes warned so far); none where `warned` is None (a trial
+    plan, whose notes the caller reads). The (argument, dimension) pairs in `dynamic` are symbolic: the plan
+    serves every size its guards admit (`Program.fits`)."""
     tensor_fn, positions = _of_tensors(fn, args)
     example = [args[i] for i in positions]
     where = {p: k for k, p in enumerate(positions)}
@@ -239,7 +240,8 @@ def build(fn: Callable, args: list[Any], options: Options = Options(), warned: O
             _plan(plan, call, args, options.cache and knobs.cache(),
                   lambda entry: _priced(plan, entry, program, fn, args, median_ms))
     plan.entry["notes"] = list(dict.fromkeys(notes + plan.entry.get("notes", [])))
-    _warn(plan.notes, set() if warned is None else warned)
+    if warned is not None:
+        warn_notes(plan.notes, warned)
     return program()
 
 
@@ -276,12 +278,18 @@ def _priced(plan: Plan, entry: dict, program: Callable[[], Program], fn: Callabl
     """The searched entry, or an eager one where the user's own function is faster on this call's inputs (timed on
     the GPU): launches that dominate a small program, a recompute that costs more than it saves, a remainder
     that eager PyTorch runs better. The tuner prices kernels against each other; this prices the plan against
-    not compiling at all, so a compiled call is never slower than eager."""
+    not compiling at all, so a compiled call is never slower than eager. Where eager runs out of memory (P at 32K
+    tokens), the plan stands."""
     if entry["eager"]:
         return entry
     plan.entry = entry
     prog = program()
-    fused_ms, eager_ms = measure(lambda: prog.run(args)), measure(lambda: fn(*args))
+    fused_ms = measure(lambda: prog.run(args))
+    try:
+        eager_ms = measure(lambda: fn(*args))
+    except torch.OutOfMemoryError:      # eager cannot run this call at all (a long S x S): the kernels win
+        log.debug("plan %.4f ms, the function itself out of memory", fused_ms)
+        return entry
     log.debug("plan %.4f ms, the function itself %.4f ms", fused_ms, eager_ms)
     if eager_ms >= fused_ms:
         return entry
@@ -325,7 +333,8 @@ def _of_tensors(fn: Callable, args: list[Any]) -> tuple[Callable, list[int]]:
     return tensor_fn, positions
 
 
-def _warn(notes: Iterable[str], warned: set[str]) -> None:
+def warn_notes(notes: Iterable[str], warned: set[str]) -> None:
+    """Warn each note not in `warned` (a compiled callable's notes warned so far), and add it there."""
     for msg in notes:
         if msg not in warned:
             warned.add(msg)
@@ -345,6 +354,8 @@ def _plan(plan: Plan, call: Call, args: list[Any], use_cache: bool, price: Calla
     bucket = sizes.bucket(call.sizes(plan.captured))
     key = plan_cache.key(plan.decomposed, args, call.options.key(), bucket) if use_cache else None
     entry = plan_cache.load(key) if key else None
+    if entry is not None and not _admits(entry, call):
+        entry = None        # traced elsewhere at other lengths of the bucket, with guards this call fails
     plan.cached = entry is not None
     if entry is None:
         entry, keep = _search(plan, call)
@@ -353,6 +364,12 @@ def _plan(plan: Plan, call: Call, args: list[Any], use_cache: bool, price: Calla
         if key and keep:
             plan_cache.store(key, entry)
     plan.entry = entry
+
+
+def _admits(entry: dict, call: Call) -> bool:
+    """Whether a cached entry's guards hold at the call's sizes (a static entry's key holds its shapes)."""
+    at = {name: call.example[i].shape[d] for name, (i, d) in entry.get("sizes", {}).items()}
+    return sizes.holds(entry.get("guards", "True"), at)
 
 
 def _search(plan: Plan, call: Call) -> tuple[dict, bool]:

@@ -4,13 +4,16 @@ for, its inputs and how it is called.
 The programs use the idioms real attention code uses: masks from index comparisons or from
 `torch.ones(..., dtype=torch.bool).triu`, filled with -inf, torch.finfo(dtype).min or -1e9, or Hugging Face's
 additive (B, 1, Sq, Skv) mask built outside and passed in, with left padding; RoPE by slicing and torch.cat;
+lengths, positions and thresholds read off the tensors (`q.shape[-2]`, `k.size(-2)`), as real code reads them;
 multi-output ops (max with its indices, var_mean); q, k, v as arguments, a list or a dict; the scale as a closure
 variable, a keyword, a default or a module global that changes between calls; inputs that require grad.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
+import random
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
@@ -116,16 +119,17 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return x * cos[-n:] + _rotate_half(x) * sin[-n:]
 
 
-def masked(spec: Spec, device: Any) -> Optional[torch.Tensor]:
-    """The (Sq, Skv) positions the mask removes (bottom-right aligned), or None. mask_from "ones" builds the
-    causal and band parts as code often does, from a bool matrix of ones; the prefix's columns stay a comparison."""
-    off = spec.kv_len - spec.q_len
+def masked(spec: Spec, sq: Any, sk: Any, device: Any) -> Optional[torch.Tensor]:
+    """The (sq, sk) positions the mask removes (bottom-right aligned), or None; sq and sk are the lengths as the
+    program reads them off its tensors (symbolic in a shape-generic trace). mask_from "ones" builds the causal
+    and band parts as code often does, from a bool matrix of ones; the prefix's columns stay a comparison."""
+    off = sk - sq
     if spec.mask_from == "ones" and spec.mask in ("causal", "band"):
-        ones = torch.ones(spec.q_len, spec.kv_len, dtype=torch.bool, device=device)
+        ones = torch.ones(sq, sk, dtype=torch.bool, device=device)
         above = ones.triu(off + 1)
         return above | ones.tril(off - spec.width - 1) if spec.mask == "band" else above
-    i = torch.arange(spec.q_len, device=device)[:, None] + off
-    j = torch.arange(spec.kv_len, device=device)[None, :]
+    i = torch.arange(sq, device=device)[:, None] + off
+    j = torch.arange(sk, device=device)[None, :]
     return {"none": None, "causal": j > i, "band": (j > i) | (j < i - spec.width),
             "prefix": (j > i) & (j >= spec.width)}[spec.mask]
 
@@ -133,13 +137,14 @@ def masked(spec: Spec, device: Any) -> Optional[torch.Tensor]:
 def probabilities(spec: Spec, q: torch.Tensor, k: torch.Tensor, extra: dict, scale: float) -> torch.Tensor:
     """The (B, H, Sq, Skv) probabilities of a softmax/sigmoid program; q, k in (B, H, S, D)."""
     s = q @ k.transpose(-1, -2) * scale
+    sq, sk = q.shape[-2], k.size(-2)      # the lengths as real code reads them: off the tensors
     if spec.cap is not None:
         s = torch.tanh(s / spec.cap) * spec.cap
     if spec.slope is not None:
-        i = torch.arange(spec.q_len, device=q.device)[:, None] + (spec.kv_len - spec.q_len)
-        j = torch.arange(spec.kv_len, device=q.device)[None, :]
+        i = torch.arange(sq, device=q.device)[:, None] + (sk - sq)
+        j = torch.arange(sk, device=q.device)[None, :]
         s = s + (j - i).to(s.dtype) * spec.slope
-    m = masked(spec, q.device) if spec.apply != "input" else None
+    m = masked(spec, *s.shape[-2:], q.device) if spec.apply != "input" else None
     if spec.apply == "input":
         s = s + extra["mask"]
     elif m is not None:
@@ -158,7 +163,7 @@ def probabilities(spec: Spec, q: torch.Tensor, k: torch.Tensor, extra: dict, sca
 
 
 def _stat(name: str, p: torch.Tensor, spec: Spec) -> tuple[torch.Tensor, ...]:
-    thr = spec.threshold / spec.kv_len
+    thr = spec.threshold / p.shape[-1]        # relative to a uniform row over the keys (CORM's 1 / t)
     return {
         "rowmax": lambda: (p.amax(dim=-1),),
         "rowsum": lambda: (p.sum(dim=-1),),
@@ -267,7 +272,7 @@ def inputs(spec: Spec) -> tuple[torch.Tensor, ...]:
             u.view(-1)[int(torch.randint(u.numel(), (1,), generator=g))] = spec.plant
         out.append(u.to(DEVICE))
     if spec.apply == "input":   # Hugging Face's: (1 - m) * finfo.min, m the kept positions, left padding per sequence
-        gone = masked(spec, "cpu")
+        gone = masked(spec, spec.q_len, spec.kv_len, "cpu")
         keep = torch.ones(spec.batch, 1, spec.q_len, spec.kv_len, dtype=torch.bool)
         if gone is not None:
             keep &= ~gone
@@ -280,6 +285,23 @@ def inputs(spec: Spec) -> tuple[torch.Tensor, ...]:
         angle = torch.cat((pos * freq, pos * freq), dim=-1)
         out += [angle.cos().to(DEVICE, spec.dtype), angle.sin().to(DEVICE, spec.dtype)]
     return tuple(out)
+
+
+def resized(spec: Spec, count: int = 2) -> list[Spec]:
+    """`count` more length pairs of the same program (test_fuzz.py's resize step), each new and with a fresh seed,
+    keeping the spec's relation of q_len to kv_len (equal, at most or any; linear attention's are equal).
+    Drawn from a generator seeded by the spec, so hypothesis's draw of specs, and the default fixed draw, stay
+    as they were."""
+    rng = random.Random(f"{spec.seed}:{spec.q_len}:{spec.kv_len}")
+    seen, out = {(spec.q_len, spec.kv_len)}, []
+    while len(out) < count:
+        kv = rng.randint(1, 80)
+        q = kv if spec.q_len == spec.kv_len else rng.randint(1, kv if spec.q_len < spec.kv_len else 80)
+        if (q, kv) not in seen:
+            seen.add((q, kv))
+            out.append(dataclasses.replace(spec, q_len=q, kv_len=kv, pad=min(spec.pad, kv - 1),
+                                           seed=rng.randint(0, 2 ** 16)))
+    return out
 
 
 @st.composite

@@ -305,3 +305,21 @@ def test_a_plan_slower_than_the_function_itself_runs_eager(fused_ms, eager_ms, r
                                 "this device; the program runs in eager PyTorch"]
     else:
         assert out is entry
+
+
+@pytest.mark.unit
+def test_a_plan_stands_where_the_function_itself_runs_out_of_memory():
+    """Pricing at a length where eager's S x S probabilities do not fit (h2o at 32K tokens on the H200: 128 GiB of
+    float32 softmax) keeps the searched plan instead of failing the call."""
+    from flashtensor import driver
+    from flashtensor.runtime.plan import Plan
+
+    class Stub:
+        def run(self, args):
+            pass
+
+    def fn(*args):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 128.00 GiB.")
+
+    entry = {"eager": False, "kernels": [], "notes": []}
+    assert driver._priced(Plan(), entry, Stub, fn, [1, 2], lambda f: f() or 1.0) is entry

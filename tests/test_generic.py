@@ -10,7 +10,9 @@ import math
 import os
 import subprocess
 import sys
+import warnings
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -212,3 +214,276 @@ def test_mqa_expand_and_sliced_tril_mask_go_generic():
         fn, args = programs.make("gpt_bigcode_mqa", device="cpu", dtype=torch.float32, **{**programs.SMALL, "S": s})
         torch.testing.assert_close(c(*args), fn(*args), rtol=2e-5, atol=2e-5)
     assert c.cache_info()["generic"] == 1 and c.cache_info()["searches"] == 2
+
+
+@pytest.mark.unit
+def test_symbolic_matmuls_keep_their_sizes_symbolic():
+    """A (B, H, S, D) @ (B, H, D, S) product traced symbolically: no size symbol is fixed to its traced value (torch
+    2.11's own matmul fixed them all under size-oblivious tracing; `Matmuls` writes the product out), and a
+    broadcast batch (one key head for two query heads) gives eager's shape."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from flashtensor.frontend.symbolic import Matmuls, size_oblivious, symbolic_inputs
+
+    args = [torch.randn(1, 2, 8, 4), torch.randn(1, 1, 4, 8)]
+    with size_oblivious():
+        dims = frozenset((i, d) for i in range(2) for d in range(4)) - {(1, 1)}     # the broadcast head is 1
+        mode, fakes = symbolic_inputs(args, dims)
+        with mode, Matmuls():
+            gm = make_fx(lambda a, b: a @ b, tracing_mode="real", _allow_non_fake_inputs=True)(*fakes)
+    fixed = [g.expr for g in mode.shape_env.guards if g.expr.is_Equality and any(a.is_Integer for a in g.expr.args)]
+    assert not fixed, fixed
+    out = gm(*args)
+    torch.testing.assert_close(out, args[0] @ args[1])
+
+
+def attention(q, k, v):
+    """Plain attention over (B, H, S, D)."""
+    return torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1) @ v
+
+
+def counts_above_uniform(q, k, v):
+    """CORM's idea: how many queries give each key more than twice the uniform probability, 2 / kv_len, a
+    threshold the program derives from a length."""
+    p = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1)
+    return p @ v, (p > 2.0 / p.shape[-1]).sum(dim=-2)
+
+
+def test_a_number_derived_from_a_length_is_computed_in_the_kernel():
+    """2.0 / kv_len is a SymFloat in the generic trace: the kernel once printed it as sympy's
+    FloatTrueDiv(2.0, ToFloat(s1)), a NameError in the generic plan's first launch (an internal compiler error,
+    so the program planned per length). The kernel now computes it from its size arguments, in float64 as Python
+    does, then float32 as a literal is: one plan serves every length, with eager's counts."""
+    c = ft.compile(counts_above_uniform, dynamic=True, cache=False)
+    for sq, sk in [(20, 30), (33, 47), (5, 64), (64, 17)]:
+        args = _inputs(1, 2, sq, sk, seed=sk)
+        (o, n), (ro, rn) = c(*args), counts_above_uniform(*args)
+        torch.testing.assert_close(o, ro, rtol=2e-5, atol=2e-5)
+        assert torch.equal(n, rn)
+    info = c.cache_info()
+    assert info["searches"] == 1 and info["generic"] == 1, info
+
+
+def sima(q, k, v):
+    """SimA: q and k L1-normalised over the tokens, then linear attention q (k^T v)."""
+    q, k = F.normalize(q, p=1, dim=-2), F.normalize(k, p=1, dim=-2)
+    return q @ (k.transpose(-2, -1) @ v)
+
+
+def test_a_generic_plan_that_fuses_nothing_is_tried_once():
+    """SimA normalises over the tokens, an axis a static plan holds whole in its tile (at most 256) and a generic
+    one cannot, so the second length's generic trial fuses nothing. That call plans for its exact shape and runs
+    in kernels without a warning (the trial's "no fused plan ... runs in eager PyTorch" was once warned, though
+    the kernels ran), and a third length plans for its shape without a second trial: 4 searches, not 5."""
+    c = ft.compile(sima, cache=False)
+    g = torch.Generator().manual_seed(0)
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always", ft.FallbackWarning)
+        for n in (40, 24, 56):
+            args = [torch.randn(1, 2, n, 16, generator=g) for _ in range(3)]
+            torch.testing.assert_close(c(*args), sima(*args), rtol=2e-5, atol=2e-5)
+    assert not [w for w in warned if issubclass(w.category, ft.FallbackWarning)], [str(w.message) for w in warned]
+    info = c.cache_info()
+    assert info["searches"] == 4 and info["generic"] == 0 and info["plans"] == 3, info
+    assert all(p.kernels for p in c.programs.values())
+    assert [n for notes in c.refused.values() for n in notes if "held whole" in n], c.refused
+
+
+def test_a_generic_plan_tiles_queries_shorter_than_the_head_dimension():
+    """Traced at q_len 23 with a head dimension of 32, the schedule took the longer, static head axis as its tile
+    row and put the queries in the grid: one program per query at every length the plan served. A symbolic axis
+    now counts as the longest (only a tiled axis serves every length): at q_len 1000 the kernel launches one
+    program per block of queries."""
+    from flashtensor.ir.sizes import evaluate
+    c = ft.compile(attention, cache=False)
+    for sq, sk in [(73, 35), (23, 66), (40, 90)]:
+        _check(attention, c, _inputs(1, 2, sq, sk, d=32))
+    (prog,) = [p for ps in c.generic.values() for p in ps]
+    long = [torch.empty(1, 2, n, 32, device="meta") for n in (1000, 50, 50)]
+    (kernel,) = prog.kernels
+    assert evaluate(kernel.grid[0], prog.sizes(long)) <= 2 * math.ceil(1000 / 16), kernel.grid
+
+
+def _rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def rope_attention(q, k, v, cos, sin):
+    """Llama's rotary embedding (transformers' apply_rotary_pos_emb), q and k each at the last positions of cos
+    and sin, then attention."""
+    n, m = q.shape[-2], k.shape[-2]
+    q = q * cos[-n:] + _rotate_half(q) * sin[-n:]
+    k = k * cos[-m:] + _rotate_half(k) * sin[-m:]
+    return attention(q, k, v)
+
+
+def _rope_inputs(sq, sk, d=32):
+    pos = torch.arange(sk, dtype=torch.float32)[:, None]
+    freq = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
+    angle = torch.cat((pos * freq, pos * freq), dim=-1)
+    return _inputs(2, 1, sq, sk, d) + [angle.cos(), angle.sin()]
+
+
+def test_rope_position_slices_go_generic():
+    """cos[-n:] has length Max(0, kv - Max(0, kv - q_len)), which the trace finds equal to q_len: the loop form
+    once kept that expression as the query axis's extent, so the matmul's reshape to (B * H, q_len, D) did not
+    match it and the generic plan fused nothing (warned as "no fused plan" while the call planned again for its
+    shape). The simpler of two equal sizes is now the axis's extent: one generic plan serves later lengths."""
+    c = ft.compile(rope_attention, cache=False)
+    for sq, sk in [(5, 63), (41, 50), (30, 70)]:
+        args = _rope_inputs(sq, sk)
+        torch.testing.assert_close(c(*args), rope_attention(*args), rtol=2e-5, atol=2e-5)
+    info = c.cache_info()
+    assert info["searches"] == 2 and info["generic"] == 1 and info["hits"] == 1, info
+
+
+def test_a_cached_generic_plan_whose_guards_fail_is_planned_again(tmp_path, monkeypatch):
+    """Another process's generic plan for the same length bucket was traced with q_len <= kv_len (its causal
+    skip assumes it): a call with q_len > kv_len in that bucket once loaded it, failed its guards and planned
+    for its exact shape, as did every such call after it. It now searches a generic plan of its own."""
+    monkeypatch.setenv("FLASHTENSOR_CACHE_DIR", str(tmp_path))
+    first = ft.compile(h2o_finfo, dynamic=True)
+    _check(h2o_finfo, first, _inputs(1, 1, 100, 120))
+    c = ft.compile(h2o_finfo, dynamic=True)
+    for sq, sk in [(110, 100), (120, 90)]:
+        _check(h2o_finfo, c, _inputs(1, 1, sq, sk))
+    info = c.cache_info()
+    assert info["generic"] == 1 and info["searches"] == 1 and info["hits"] == 1, info
+
+
+def ranked_scores(q, k, v):
+    """H2O's column sums, sorted per head (torch.sort has no lowering: it runs in eager PyTorch on the kernels'
+    sums), then each batch entry's running total over heads and keys."""
+    p = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1)
+    score = p.sum(dim=-2)
+    ranked = torch.sort(score, dim=-1, descending=True).values.reshape(score.shape[0], -1)
+    return p @ v, ranked.cumsum(dim=-1)
+
+
+def test_the_eager_remainder_of_a_generic_plan_takes_the_calls_sizes():
+    """The reshape after the sort is to (B, H * kv_len): evaluated with the traced symbolic size, it raised
+    "SymIntArrayRef expected to contain only concrete integers" at every length after the traced one. The
+    remainder now runs at the call's sizes."""
+    c = ft.compile(ranked_scores, cache=False)
+    for sq, sk in [(20, 30), (33, 47), (5, 64)]:
+        _check(ranked_scores, c, _inputs(2, 2, sq, sk, seed=sq))
+    (prog,) = [p for ps in c.generic.values() for p in ps]
+    assert prog.launches and prog.remainder is not None and prog.remainder.generic
+    assert c.cache_info()["hits"] == 1, c.cache_info()
+
+
+def causal_rowmax(q, k, v):
+    """A bool causal mask from torch.ones(...).triu, bottom-right aligned, and the probabilities' row maxima."""
+    sq, sk = q.shape[-2], k.shape[-2]
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    mask = torch.ones(sq, sk, dtype=torch.bool).triu(sk - sq + 1)
+    p = torch.softmax(s.masked_fill(mask, -math.inf), dim=-1)
+    return p @ v, p.amax(dim=-1)
+
+
+def test_fully_masked_rows_go_generic():
+    """q_len > kv_len leaves the first rows wholly masked (NaN, as in eager). Traced there, the value facts summed
+    the masked scores' inf over the symbolic kv_len and tested the product, a guard with sympy's oo that no printer
+    took (an internal compiler error at every such length); and printing the loop form tested a diagonal against
+    0, a guard q_len - kv_len - 1 != 0. Now a generic plan for q_len > kv_len serves (41, 40) too."""
+    c = ft.compile(causal_rowmax, cache=False)
+    for sq, sk in [(12, 4), (60, 78), (40, 12), (30, 20), (41, 40)]:
+        args = _inputs(1, 1, sq, sk)
+        for got, want in zip(c(*args), causal_rowmax(*args)):
+            torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5, equal_nan=True)
+    info = c.cache_info()
+    assert info["searches"] == 3 and info["generic"] == 2 and info["hits"] == 2, info
+
+
+def efficient_attention(q, k, v):
+    """Efficient attention (EA): q softmaxed over features, k over tokens, then q (k^T v)."""
+    q, k = q.softmax(dim=-1), k.softmax(dim=-2)
+    return q @ (k.transpose(-2, -1) @ v)
+
+
+def test_generic_linear_attention_offers_the_context_kernel():
+    """Traced at 11 tokens with 16 features, the partition took the feature axis for the longest and so never
+    offered the candidate that computes the 16 x 16 context k^T v once in a kernel of its own, which long sequences
+    need (each query tile recomputes it otherwise); the tokens, symbolic, now count as the longest. (The GPU search
+    times every candidate; the CPU takes the first.)"""
+    c = ft.compile(efficient_attention, cache=False)
+    g = torch.Generator().manual_seed(0)
+    for n in (40, 11, 70):
+        args = [torch.randn(1, 2, n, 16, generator=g) for _ in range(3)]
+        torch.testing.assert_close(c(*args), efficient_attention(*args), rtol=2e-5, atol=2e-5)
+    (prog,) = [p for ps in c.generic.values() for p in ps]
+    assert sorted(len(kernels) for kernels in prog.plan.stages["partition"]) == [1, 2]
+
+
+def attention_with_mask(q, k, v, mask):
+    """Hugging Face's attention: an additive (B, 1, Sq, Sk) mask passed in, broadcast over the heads."""
+    p = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + mask, dim=-1)
+    return p @ v, p.sum(dim=-2)
+
+
+def _masked_inputs(b, h, sq, sk):
+    q, k, v = _inputs(b, h, sq, sk)
+    keep = torch.ones(sq, sk, dtype=torch.bool).tril(sk - sq)
+    mask = (1.0 - keep.float()) * torch.finfo(torch.float32).min
+    return [q, k, v, mask.expand(b, 1, sq, sk).contiguous()]
+
+
+def test_dynamic_true_takes_a_mask_broadcast_over_heads():
+    """dynamic=True made the mask's head axis of 1 symbolic too, which the size-oblivious trace cannot broadcast:
+    the trace failed at every call and each planned for its exact shape. A size of 1 is now traced static where the
+    trace fails: one plan serves batch 2, 1 and 3."""
+    c = ft.compile(attention_with_mask, cache=False, dynamic=True)
+    for shape in [(2, 2, 20, 30), (1, 2, 33, 47), (3, 2, 5, 64)]:
+        _check(attention_with_mask, c, _masked_inputs(*shape))
+    info = c.cache_info()
+    assert info["searches"] == 1 and info["generic"] == 1 and info["hits"] == 2, info
+
+
+def attention_argmax(q, k, v):
+    """Attention and each query's most attended key (argmax has no lowering: eager reads the probabilities)."""
+    p = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1)
+    return p @ v, p.argmax(dim=-1)
+
+
+def test_a_generic_plan_hands_eager_no_more_than_its_inputs():
+    """With 8 keys and 32 features the probabilities are smaller than the queries, so the kernels compute them and
+    eager takes their argmax. The generic plan traced at 10 keys once did so at every length: at 100 keys it handed
+    eager a probability matrix larger than every input, which saves nothing over eager. Each comparison is now a
+    guard: that call plans again and, like an exact-shape plan there, runs as written."""
+    c = ft.compile(attention_argmax, cache=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ft.FallbackWarning)
+        for sq, sk in [(40, 8), (30, 10), (60, 100)]:
+            args = _inputs(1, 1, sq, sk, d=32)
+            out, ref = c(*args), attention_argmax(*args)
+            torch.testing.assert_close(out[0], ref[0], rtol=2e-5, atol=2e-5)
+            assert torch.equal(out[1], ref[1])
+        short, long = (c.program_for(_inputs(1, 1, sq, sk, d=32)) for sq, sk in [(35, 9), (60, 100)])
+    assert short.generic and short.launches and short.remainder is not None     # kernels, then eager's argmax
+    assert not long.launches, long.notes                                        # the function as written
+
+
+def bshd_capped(q, k, v):
+    """(B, S, H, D) inputs transposed to (B, H, S, D), soft-capped scores."""
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    s = torch.tanh(q @ k.transpose(-1, -2) / 5.0) * 5.0
+    return (torch.softmax(s, dim=-1) @ v).transpose(1, 2)
+
+
+def test_a_length_the_trace_fixes_is_traced_static():
+    """At one key torch's matmul of the transposed inputs guards kv_len == 1 midway through the trace, so the
+    graph had the symbol before that point and 1 after: the loop form found the axes did not line up, and the
+    generic trial warned "no fused plan" (the call then planned for its shape and ran fused). A size the trace
+    fixes is now traced static: that trial is the call's exact plan, nothing is refused, and later lengths go
+    generic."""
+    c = ft.compile(bshd_capped, cache=False)
+    g = torch.Generator().manual_seed(0)
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always", ft.FallbackWarning)
+        for sq, sk in [(1, 74), (1, 1), (1, 30), (1, 50)]:
+            args = [torch.randn(2, n, 2, 32, generator=g) for n in (sq, sk, sk)]
+            torch.testing.assert_close(c(*args), bshd_capped(*args), rtol=2e-5, atol=2e-5)
+    assert not [w for w in warned if issubclass(w.category, ft.FallbackWarning)], [str(w.message) for w in warned]
+    info = c.cache_info()
+    assert info["searches"] == 3 and info["generic"] == 1 and info["hits"] == 1, info

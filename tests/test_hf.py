@@ -242,3 +242,16 @@ def test_the_example_compresses_the_cache(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["h2o_kvpress.py", "--new-tokens", "2"])
     runpy.run_path(str(Path(__file__).parents[1] / "examples" / "h2o_kvpress.py"), run_name="__main__")
     assert "prompt: 32 tokens; cache after generation: 17 tokens per layer" in capsys.readouterr().out
+
+
+def test_the_prefill_bench_agrees_with_kvpress(capsys):
+    """flashtensor/bench/hf_prefill.py's --small core at one length: every system runs, flashtensor's presses keep
+    kvpress's keys in every layer, and the last logits of all three match (fp32)."""
+    from flashtensor.bench import hf_prefill
+    records = hf_prefill.run(hf_prefill.SMALL, 2, [48], ["h2o", "snapkv"], 0.5, 8, 1, "cpu", torch.float32)
+    assert [r["press"] for r in records] == ["h2o", "snapkv"]
+    for r in records:
+        assert [r[s]["status"] for s in ("kvpress", "sdpa", "flashtensor")] == ["ok"] * 3
+        assert r["flashtensor"]["fused"] and r["agreement"] == [1.0] * 2
+        assert r["logits_diff_kvpress"] < 1e-4 and r["logits_diff_flashtensor"] < 1e-4
+    assert "| 48 |" in hf_prefill.markdown(records, "snapkv")

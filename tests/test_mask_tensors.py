@@ -276,6 +276,30 @@ def test_left_padded_rows_are_uniform_as_eager():
     _compiled(hf_attention, (q, k, v, mask))
 
 
+def extended_mask_attention(query, key, value, attention_mask):
+    """transformers' get_extended_attention_mask: `(1 - mask) * finfo.min` from the (B, S) 0/1 padding mask, the
+    causal part by masked_fill from indices (a compile-time region beside the run-time one)."""
+    min_dtype = torch.finfo(query.dtype).min
+    padding = (1.0 - attention_mask[:, None, None, :].to(query.dtype)) * min_dtype
+    q_len, kv_len = query.shape[-2], key.shape[-2]
+    causal = torch.arange(kv_len)[None, :] > torch.arange(q_len)[:, None]
+    scores = (torch.matmul(query, key.transpose(2, 3)) * D ** -0.5 + padding).masked_fill(causal, min_dtype)
+    return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype), value)
+
+
+@pytest.mark.parametrize("length", [50, 100])
+def test_padded_rows_at_a_length_off_the_tiles(length):
+    """Padded rows (uniform in eager) in a row tile whose causal part ends past the extent, at a length that is not
+    a multiple of the tile: the empty folded segment starts off the tiles, and its loop ran the last tile again
+    (a padded row then weighed that tile's keys twice)."""
+    g = torch.Generator().manual_seed(length)
+    q, k, v = (torch.randn(B, H, length, D, generator=g) for _ in range(3))
+    pads = torch.tensor([[3], [length - 1]])         # the second sequence: one token, rows in the last row tile
+    mask = (torch.arange(length)[None, :] >= pads).long()
+    _, prog = _compiled(extended_mask_attention, (q, k, v, mask))      # matches eager
+    assert prog.kernels[0].prologues, prog.notes                       # the padding's ranges found at run time
+
+
 @pytest.mark.parametrize("mask", ["causal", "left_padding"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_column_sums_skip_by_ranges_over_query_tiles(mask, dtype):

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
 from ..ir.loops import Affine, LNode, LoopGraph, read_input
+from ..ir.sizes import symbolic
 from .atoms import HUGE, MODERATE, Atom, Cond, Exists, Scope, classes, masks
 
 Region = tuple[Cond, ...]        # conjunction of half-planes e >= 0 and conditions on the data (analysis/atoms.py)
@@ -60,6 +61,17 @@ def _and(a: Region, b: Region) -> Region:
 
 def _eq(v, c) -> bool:
     return not isinstance(v, Affine) and v == c
+
+
+def _sum(c: Any, extent: Any) -> Any:
+    """The sum of `extent` copies of the constant c; None (no fact) for a float other than 0 over a symbolic
+    extent: -inf summed over kv_len is sympy's -oo, which no size printer takes (and an empty axis sums to 0,
+    not -inf), and each test of 0.5 * kv_len would be a guard. Integer counts stay expressions of the sizes."""
+    if not symbolic(extent):
+        return c * extent
+    if c == 0:
+        return c
+    return None if isinstance(c, float) else c * extent
 
 
 def _empty(region: Region) -> bool:
@@ -262,7 +274,11 @@ class Facts:
             cover = _covering(r, v)
             if cover is None or _empty(cover) or isinstance(c, Affine):
                 continue
-            out.append((cover, c * v.extent if kind == "sum" else c))
+            if kind == "sum":
+                c = _sum(c, v.extent)
+                if c is None:
+                    continue
+            out.append((cover, c))
         return out
 
     def _arith(self, op: str, args, fs) -> list[Fact]:

@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from ..driver import FallbackWarning, build, retune
+from ..driver import FallbackWarning, build, retune, warn_notes
 from ..ir.sizes import bucket
 from ..options import Options
 from ..runtime.autotune import timed
@@ -34,6 +34,8 @@ class Compiled:
         # in which a later call differed from them
         self.generic: dict[tuple, list[Program]] = {}
         self._first: dict[tuple, tuple[list[tuple[int, ...]], set[tuple[int, int]]]] = {}
+        # (structure, dimensions) whose shape-generic plan fused nothing: its notes
+        self.refused: dict[tuple, list[str]] = {}
         # per program: the tensors the plan baked in, with their versions then, and whether any requires grad
         self._baked: dict[int, tuple[list[tuple[torch.Tensor, int]], bool]] = {}
         self._counts = {"searches": 0, "tunes": 0, "hits": 0, "misses": 0}
@@ -114,28 +116,46 @@ class Compiled:
 
     def _build(self, call: Call, key: tuple) -> Program:
         """A shape-generic program where `_dynamic` names sizes to be generic in and the plan holds for this call;
-        otherwise one for this call's shapes, held under `key` (the call's key before the trace ran)."""
-        dims = self._dynamic(call)
+        otherwise one for this call's shapes, held under `key` (the call's key before the trace ran): the trial
+        itself where its trace fixed every size it tried. Where a structure's generic plan in these dimensions
+        fused nothing (its notes in `refused`: a size the kernels cannot take as an argument, or a compiler bug),
+        later calls that would be generic in the same dimensions plan for their exact shapes rather than search
+        twice per shape; the trial's notes are not warned, since the static plan is what runs."""
         structure = self._guards.key(call, shapes=False)
+        dims = self._dynamic(call)
+        if (structure, dims) in self.refused:
+            dims = frozenset()
         fn = self._guards.flat(call.spec)
         prog = None
         if dims:
             try:
-                prog = build(fn, call.leaves, self.options, self.warned, dims)
-            except Exception:  # noqa: BLE001 - a bug in the generic path costs a plan per shape, not the answer
+                prog = build(fn, call.leaves, self.options, None, dims)
+                self._count(prog)
+            except Exception as e:  # noqa: BLE001 - a bug in the generic path costs a plan per shape, not the answer
                 log.exception("shape-generic planning failed; planning for this call's shapes")
+                self.refused[structure, dims] = [f"internal compiler error ({type(e).__name__}: {e}) in the "
+                                                 "shape-generic plan; the program plans for each call's shapes"]
         if prog is not None and prog.generic and prog.fits(call.leaves):
+            warn_notes(prog.notes, self.warned)
             self.generic.setdefault(structure, []).append(prog)
-        else:
-            prog = build(fn, call.leaves, self.options, self.warned)
+        elif prog is not None and prog.launches and not prog.generic:   # its trace fixed every size: an exact plan
+            warn_notes(prog.notes, self.warned)
             self.programs[key] = prog
-        stages = prog.plan.stages
-        self._counts["searches"] += "partition" in stages
-        self._counts["tunes"] += "tune" in stages
+        else:
+            if prog is not None and not prog.generic and prog.plan.captured.shape_env is not None:
+                self.refused[structure, dims] = prog.notes
+            prog = build(fn, call.leaves, self.options, self.warned)
+            self._count(prog)
+            self.programs[key] = prog
         baked = {id(v): v for n in prog.plan.captured.nodes for v in n.attrs.values() if isinstance(v, torch.Tensor)}
         self._baked[id(prog)] = ([(t, version(t)) for t in baked.values()],
                                  any(t.requires_grad for t in baked.values()))
         return prog
+
+    def _count(self, prog: Program) -> None:
+        stages = prog.plan.stages
+        self._counts["searches"] += "partition" in stages
+        self._counts["tunes"] += "tune" in stages
 
     def _dynamic(self, call: Call) -> frozenset[tuple[int, int]]:
         """The (leaf, dimension) pairs a new plan for `call` is generic in: with `dynamic=True`, every dimension

@@ -36,6 +36,9 @@ from flashtensor.ir.sizes import evaluate, pow2_bucket
 
 from . import bench
 
+ROUNDS = 5
+"""versus: timings of each system, interleaved; one timing each differs by up to 5% between runs of the same
+kernels on the H200."""
 ATTENTION = ["attn", "h2o", "roco", "keyformer", "snapkv", "corm", "gemma2"]
 
 
@@ -100,11 +103,19 @@ def versus(names: list[str], S: int, device: str, dims: dict, timed: bool) -> li
         with torch.no_grad():
             ref = fn(*args)
             ok = bench.compare(exact(*args), ref)["ok"] and bench.compare(generic(*args), ref)["ok"]
-            e, g = _ms(lambda: exact(*args), timed), _ms(lambda: generic(*args), timed)
-        rec = {"program": name, "S": S, "ok": ok, "exact_ms": e, "generic_ms": g,
-               "generic_over_exact": g / e if e and g else None}
+            times: dict[str, list] = {"exact": [], "generic": []}
+            for r in range(ROUNDS if timed else 0):      # interleaved, each first in every other round: clocks drift
+                order = [("exact", exact), ("generic", generic)]
+                for which, c in order if r % 2 == 0 else order[::-1]:
+                    times[which].append(_ms(lambda: c(*args), timed))
+        e = statistics.median(times["exact"]) if timed else None
+        g = statistics.median(times["generic"]) if timed else None
+        rec = {"program": name, "S": S, "ok": ok, "exact_ms": e, "generic_ms": g, "rounds_ms": times,
+               "generic_over_exact": g / e if e and g else None,
+               "generic": exact.cache_info()["generic"] == 0 and generic.cache_info()["generic"] == 1}
         out.append(rec)
-        print(f"versus {name}: {'pass' if ok else 'FAIL'}, exact {e} ms, generic {g} ms", flush=True)
+        print(f"versus {name}: {'pass' if ok else 'FAIL'}, exact {e} ms, generic {g} ms"
+              + ("" if rec["generic"] else " (the generic call planned for its shape: no generic plan)"), flush=True)
         bench._free()
     return out
 

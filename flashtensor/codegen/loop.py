@@ -143,9 +143,12 @@ def loop_header(em: Tiles, k: int, lo: str, hi: str, stages: int) -> list[str]:
         # loop variable (KeyFormer's noise) in 16-byte pieces, not 4
         return [f"for l0 in tl.range(tl.multiple_of({lo}, {bl}), {hi}, {bl}, num_stages={stages}):"]
     # counted in tiles, so that l0 is a multiple of the block by its arithmetic: a tl.multiple_of hint on it made
-    # Triton 3.6's sm_90 pipeline fail on a bool mask's loads (cp.async of 1 byte)
+    # Triton 3.6's sm_90 pipeline fail on a bool mask's loads (cp.async of 1 byte). The count is of [lo, hi)'s
+    # length: an empty segment may start off the tiles (at an extent not a multiple of the block), and flooring
+    # its start would run the tile before it again
     return [f"g0_{k} = tl.maximum({lo}, ga)", f"gn_{k} = tl.maximum(tl.minimum({hi}, gb) - g0_{k}, 0)",
-            f"for n0 in tl.range({lo} // {bl}, ({hi} - gn_{k} + {bl - 1}) // {bl}, num_stages={stages}):",
+            f"for n0 in tl.range({lo} // {bl}, {lo} // {bl} + ({hi} - {lo} - gn_{k} + {bl - 1}) // {bl}, "
+            f"num_stages={stages}):",
             f"    l0 = (n0 + tl.where(n0 >= g0_{k} // {bl}, gn_{k} // {bl}, 0)) * {bl}"]
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from ..ir.ops import ELEMENTWISE, GROUP, Group, Op
-from ..ir.sizes import symbolic
+from ..ir.sizes import source, symbolic
 
 TL = {torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.float32: "tl.float32",
       torch.float64: "tl.float64", torch.int64: "tl.int64", torch.int32: "tl.int32", torch.bool: "tl.int1"}
@@ -19,6 +19,8 @@ NAN_REDUCE = {"max": "_max_nan", "min": "_min_nan"}
 
 
 def lit(v: Any) -> str:
+    if symbolic(v):             # a size, or a number derived from sizes (2.0 / kv_len): computed from the arguments
+        return source(v)
     if isinstance(v, bool):     # Triton's bool, so `x | False` stays int1 (with 0 it became int32)
         return "True" if v else "False"
     if isinstance(v, float):

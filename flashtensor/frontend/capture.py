@@ -29,7 +29,7 @@ from . import layout
 from .eager import EagerOnly, name, raise_if_eager_rejects, torch_logs_to_debug, whole, why_untraced
 from .scatter import scatter
 from .source import SourceRecorder
-from .symbolic import size_oblivious, size_sources, symbolic_inputs
+from .symbolic import Matmuls, fixed_sizes, size_oblivious, size_sources, symbolic_inputs
 
 aten = torch.ops.aten
 log = logging.getLogger("flashtensor.capture")
@@ -48,6 +48,7 @@ def trace(fn: Callable, args: Sequence[torch.Tensor], dynamic: frozenset[tuple[i
     returns: list[Returns] = []
 
     def wrapped(*a):
+        rec.calls.clear()       # a trace again (sizes it fixed made static) records its own calls
         with rec:
             out = fn(*a)
         returns.append(_returns(out, rec.calls))
@@ -61,10 +62,8 @@ def trace(fn: Callable, args: Sequence[torch.Tensor], dynamic: frozenset[tuple[i
                 # functionalized: an in-place write (`s[..., :5, :] = -inf`) becomes a new value that later reads
                 # see, where the IR's pure nodes would otherwise keep reading the value from before the write
                 functional = torch.func.functionalize(wrapped, remove="mutations")
-                if dynamic:
-                    gm = _symbolic_trace(functional, args, dynamic)
-                else:
-                    gm = make_fx(functional, tracing_mode="fake", _allow_non_fake_inputs=True)(*args)
+                gm = (_symbolic_trace(functional, args, dynamic) if dynamic else None) or \
+                    make_fx(functional, tracing_mode="fake", _allow_non_fake_inputs=True)(*args)
             except EagerOnly:
                 raise
             except Exception as e:  # data-dependent control flow, an op fake tensors cannot run, a user error
@@ -80,28 +79,35 @@ def trace(fn: Callable, args: Sequence[torch.Tensor], dynamic: frozenset[tuple[i
 
 
 def _symbolic_trace(fn: Callable, args: Sequence[torch.Tensor], dynamic: frozenset[tuple[int, int]]
-                    ) -> torch.fx.GraphModule:
-    """`trace`'s make_fx over symbolic fakes. A symbolic size is traced as never 1 (size-oblivious), so where a
-    dimension of size 1 broadcasts (a mask's head dimension) the trace fails: it is traced again with the
-    dimensions of size 1 static."""
-    ones = frozenset((i, d) for i, d in dynamic if args[i].shape[d] == 1)
-    if ones:
+                    ) -> torch.fx.GraphModule | None:
+    """fn traced with the (input, dimension) pairs in `dynamic` symbolic, its ShapeEnv and size symbols in the
+    graph's meta; a size the trace fixed to a constant is traced static instead (frontend.symbolic.fixed_sizes),
+    and so are sizes of 1 where the trace fails (a size-oblivious trace cannot broadcast a symbolic size: a
+    Hugging Face mask's head axis of 1 under dynamic=True); None where that leaves none symbolic."""
+    while dynamic:
         try:
-            return _make_symbolic(fn, args, dynamic)
+            with size_oblivious():
+                mode, fakes = symbolic_inputs(args, dynamic)
+                sources = size_sources(fakes)      # before the trace finds sizes equal or constant
+                with mode, Matmuls():
+                    gm = make_fx(fn, tracing_mode="real", _allow_non_fake_inputs=True)(*fakes)
+        except EagerOnly:
+            raise
         except Exception:
+            ones = frozenset((i, d) for i, d in dynamic if args[i].shape[d] == 1)
+            if not ones:
+                raise
             log.debug("symbolic trace failed with sizes of 1 symbolic; tracing them static", exc_info=True)
-    return _make_symbolic(fn, args, dynamic - ones)
-
-
-def _make_symbolic(fn: Callable, args: Sequence[torch.Tensor], dynamic: frozenset[tuple[int, int]]
-                   ) -> torch.fx.GraphModule:
-    with size_oblivious():
-        mode, fakes = symbolic_inputs(args, dynamic)
-        sources = size_sources(fakes)      # before the trace finds sizes equal or constant
-        with mode:
-            gm = make_fx(fn, tracing_mode="real", _allow_non_fake_inputs=True)(*fakes)
-    gm.meta["shape_env"], gm.meta["size_sources"] = mode.shape_env, sources
-    return gm
+            dynamic = dynamic - ones
+            continue
+        env = mode.shape_env
+        assert env is not None
+        fixed = fixed_sizes(fakes, dynamic, env)
+        if not fixed:
+            gm.meta["shape_env"], gm.meta["size_sources"] = env, sources
+            return gm
+        dynamic = dynamic - fixed
+    return None
 
 
 _CONSTANT = (int, float, complex, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
@@ -131,7 +137,7 @@ def capture(fn: Callable, args: Sequence[torch.Tensor], dynamic: frozenset[tuple
         return whole(fn, args, str(e))
     try:
         g = from_fx(gm, calls, returns)
-        if dynamic:
+        if "shape_env" in gm.meta:
             g.shape_env, g.size_sources = gm.meta["shape_env"], gm.meta["size_sources"]
         return g
     except EagerOnly as e:

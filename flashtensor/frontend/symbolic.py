@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from typing import Any, Sequence, cast
 
+import sympy
 import torch
 import torch.fx.experimental._config
 from torch._dynamo.source import ConstantSource
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+from torch.overrides import TorchFunctionMode
 
 from ..ir.sizes import symbolic
 
@@ -47,3 +49,39 @@ def size_sources(fakes: Sequence) -> dict[str, tuple[int, int]]:
     the (input, dimension) that gives its value on a call."""
     return {str(cast(torch.SymInt, s).node._expr): (i, d) for i, t in enumerate(fakes)
             if isinstance(t, torch.Tensor) for d, s in enumerate(t.shape) if symbolic(s)}
+
+
+_MATMULS = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__}
+
+
+class Matmuls(TorchFunctionMode):
+    """Matrix products of operands of two or more dimensions written out as expand, reshape and bmm. Under
+    size-oblivious tracing, torch 2.11's own matmul reads its operands' sizes as plain ints, which specialises
+    every symbol to the traced call's value (torch 2.13's does not); this keeps them symbolic on both."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func not in _MATMULS or kwargs or len(args) != 2 or min(a.dim() for a in args) < 2:
+            return func(*args, **kwargs)
+        a, b = args
+        batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+        out = torch.bmm(a.expand(*batch, m, k).reshape(-1, m, k), b.expand(*batch, k, n).reshape(-1, k, n))
+        return out.view(*batch, m, n)
+
+
+def fixed_sizes(fakes: Sequence, dynamic: frozenset[tuple[int, int]], env: ShapeEnv) -> frozenset[tuple[int, int]]:
+    """The (input, dimension) pairs in `dynamic` whose size the trace fixed to a constant: replaced by one, or
+    guarded equal to one (a kv_len of 1, which torch's matmul decided on). A plan is not generic there, and the
+    graph's nodes would mix the symbol (those traced before the decision) with its value (those after)."""
+    fixed = set()
+    for g in env.guards:
+        e = env.replace(g.expr)
+        if isinstance(e, sympy.Equality):
+            fixed |= {a for a, b in (e.args, e.args[::-1]) if a.is_Symbol and b.is_Integer}
+    out = set()
+    for i, d in dynamic:
+        e = env.replace(cast(torch.SymInt, fakes[i].shape[d]).node._expr)
+        if e.is_Integer or e in fixed:
+            out.add((i, d))
+    return frozenset(out)

@@ -4,9 +4,11 @@ Importing this module registers the attention implementation "FlashTensor" with 
 mask interfaces, so `AutoModelForCausalLM.from_config(cfg, attn_implementation="FlashTensor")` (or
 `from_pretrained`, or `model.set_attn_implementation("FlashTensor")`) runs every attention layer through an
 `ft.compile`d plain-PyTorch program written the way transformers' eager attention is: GQA by repeating the KV
-heads, the additive mask transformers builds for eager attention (causal, padding, Gemma2's sliding window),
-Gemma2's soft-cap, softmax in float32. `attention_statistics` asks those same compiled calls for statistics of
-the probabilities P, stated in plain PyTorch, which the fused kernels compute without writing P.
+heads, Gemma2's soft-cap, softmax in float32. Masks are built as for SDPA: none where the causal mask alone
+applies (the program then builds it from indices, so the kernels skip its tiles with no S x S mask in memory),
+else a bool mask (padding, Gemma2's sliding window) filled with finfo.min as eager's additive mask adds it.
+`attention_statistics` asks those same compiled calls for statistics of the probabilities P, stated in plain
+PyTorch, which the fused kernels compute without writing P.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from typing import Any, Callable, Iterator, Optional, cast
 import torch
 from torch import nn
 from transformers import AttentionInterface, PreTrainedModel
-from transformers.masking_utils import AttentionMaskInterface, eager_mask
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from ..api.compiled import Compiled, compile
 
@@ -58,13 +60,17 @@ def _program(statistics: tuple[Statistic, ...], weights: bool) -> Callable:
     statistic of P."""
 
     def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Optional[torch.Tensor],
-                  scaling: float, softcap: Optional[float], dropout: float) -> tuple:
+                  causal: bool, scaling: float, softcap: Optional[float], dropout: float) -> tuple:
         groups = query.shape[1] // key.shape[1]
         scores = torch.matmul(query, _repeat_kv(key, groups).transpose(2, 3)) * scaling
         if softcap is not None:
             scores = torch.tanh(scores / softcap) * softcap
+        q_len, kv_len = scores.shape[-2:]
+        if causal:          # the last q_len positions of kv_len: query i sees keys up to kv_len - q_len + i
+            i = torch.arange(q_len, device=scores.device)[:, None] + (kv_len - q_len)
+            scores = scores.masked_fill(torch.arange(kv_len, device=scores.device) > i, torch.finfo(scores.dtype).min)
         if mask is not None:
-            scores = scores + mask
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
         p = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
         p = nn.functional.dropout(p, p=dropout, training=dropout > 0)
         out = torch.matmul(p, _repeat_kv(value, groups)).transpose(1, 2).contiguous()
@@ -146,14 +152,16 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
                       attention_mask: Optional[torch.Tensor], dropout: float = 0.0, scaling: Optional[float] = None,
                       softcap: Optional[float] = None, **kwargs: Any) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """transformers' attention-interface signature: query (batch, heads, q_len, head_dim), key and value
-    (batch, kv_heads, kv_len, head_dim), the additive mask of `eager_mask` (a sliding window, in kwargs, is already
-    in it); returns the output (batch, q_len, heads, head_dim) and P only under output_attentions."""
+    (batch, kv_heads, kv_len, head_dim), the bool mask of `sdpa_mask` (True: attend; a sliding window, in kwargs,
+    is already in it) or None where the causal mask alone applies, as SDPA's `is_causal`; returns the output
+    (batch, q_len, heads, head_dim) and P only under output_attentions."""
     if scaling is None:
         scaling = cast(int, module.head_dim) ** -0.5
     recorders = [r for r in _active if r.owns(module)]
     statistics = tuple(dict.fromkeys(fn for r in recorders for fn in r.statistics.values()))
     weights = bool(kwargs.get("output_attentions"))
-    args = (query, key, value, attention_mask, scaling, softcap, dropout)
+    causal = attention_mask is None and query.shape[2] > 1 and getattr(module, "is_causal", True)
+    args = (query, key, value, attention_mask, causal, scaling, softcap, dropout)
     if _fused(query, key, dropout, weights):
         calls["compiled"] += 1
         out, p, values = _compiled(statistics)(*args)
@@ -166,4 +174,4 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
 
 
 AttentionInterface.register(NAME, attention_forward)
-AttentionMaskInterface.register(NAME, eager_mask)
+AttentionMaskInterface.register(NAME, sdpa_mask)

@@ -15,6 +15,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from .ops import BINARY, UNARY, Op
+from .sizes import symbolic
 
 _ids = itertools.count()
 
@@ -76,8 +77,9 @@ class Affine:
         return dict(self.terms).get(v, 0)
 
     def __str__(self) -> str:
-        parts = [(f"{c}*{v}" if c != 1 else f"{v}") for v, c in self.terms]
-        if self.const or not parts:
+        """Printed without deciding on a symbolic size (a test of it would be a guard of the plan)."""
+        parts = [(f"{c}*{v}" if symbolic(c) or c != 1 else f"{v}") for v, c in self.terms]
+        if symbolic(self.const) or self.const or not parts:
             parts.append(str(self.const))
         return " + ".join(parts)
 

@@ -57,12 +57,25 @@ def same(a: Any, b: Any) -> bool:
     return bool(sympy.expand(expr(a) - expr(b)) == 0)
 
 
+def simpler(a: Any, b: Any) -> bool:
+    """Whether size a is a shorter expression than b, which the trace found equal to it (a query axis, s1, and the
+    slice of positions it was broadcast with, Max(0, s0 - Max(0, s0 - s1))): the one to keep, since reshapes
+    and tiles match sizes by their expressions."""
+    return symbolic(b) and sympy.count_ops(expr(a)) < sympy.count_ops(expr(b))
+
+
 def divides(a: Any, b: Any) -> bool:
     """Whether b / a is a product of sizes (a polynomial with integer coefficients), by the expressions."""
     num, den = sympy.fraction(sympy.cancel(expr(b) / expr(a)))
     if den != 1 or not num.is_polynomial():
         return False
     return bool(num.is_integer) if not num.free_symbols else all(c.is_integer for c in sympy.Poly(num).coeffs())
+
+
+def length(extent: Size) -> tuple[bool, int]:
+    """A sort key of extents, longest last: a symbolic extent is longer than every static one (any length may come,
+    and only a tiled axis serves them all), symbolic ones by their traced values."""
+    return symbolic(extent), hint(extent)
 
 
 def longer(extent: Size, bound: int) -> bool:
@@ -84,15 +97,41 @@ def value(x: Any, sizes: Mapping[str, int]) -> Any:
     return int(v) if v.is_integer else float(v)
 
 
+def at(x: Any, sizes: Mapping[str, int]) -> Any:
+    """x with every symbolic size in it (inside lists, tuples and dicts too) at the given values of its symbols."""
+    if symbolic(x):
+        return value(x, sizes)
+    if isinstance(x, (list, tuple)):
+        return type(x)(at(a, sizes) for a in x)
+    if isinstance(x, dict):
+        return {k: at(v, sizes) for k, v in x.items()}
+    return x
+
+
+def has_symbolic(x: Any) -> bool:
+    """Whether x holds a symbolic size (inside lists, tuples and dicts too)."""
+    if isinstance(x, (list, tuple)):
+        return any(has_symbolic(a) for a in x)
+    if isinstance(x, dict):
+        return any(has_symbolic(v) for v in x.values())
+    return symbolic(x)
+
+
 _FUNCS = {"FloorDiv": "({0} // {1})", "Mod": "({0} % {1})", "PythonMod": "({0} % {1})",
-          "Max": "tl.maximum({0}, {1})", "Min": "tl.minimum({0}, {1})", "CeilDiv": "(({0} + {1} - 1) // {1})"}
-_PY = {**_FUNCS, "Max": "max({0}, {1})", "Min": "min({0}, {1})"}
+          "Max": "tl.maximum({0}, {1})", "Min": "tl.minimum({0}, {1})", "CeilDiv": "(({0} + {1} - 1) // {1})",
+          "ToFloat": "tl.cast({0}, tl.float64)", "FloatTrueDiv": "({0} / {1})",
+          "IntTrueDiv": "(tl.cast({0}, tl.float64) / tl.cast({1}, tl.float64))"}
+_PY = {**_FUNCS, "Max": "max({0}, {1})", "Min": "min({0}, {1})", "ToFloat": "float({0})", "IntTrueDiv": "({0} / {1})"}
 
 
 def source(x: Any) -> str:
-    """x as Triton source over the kernel's size arguments (their names are the symbols')."""
+    """x as Triton source over the kernel's size arguments (their names are the symbols'). A number derived from
+    sizes (a threshold 2.0 / kv_len) is computed in float64, as Python computes it, and then taken to float32, as a
+    float literal is in a static kernel."""
     if not symbolic(x):
         return repr(hint(x))
+    if isinstance(x, torch.SymFloat):
+        return f"({_print(expr(x), _FUNCS)}).to(tl.float32)"
     return _print(expr(x), _FUNCS)
 
 
@@ -113,8 +152,7 @@ def evaluate(x: int | str, sizes: Mapping[str, int]) -> int:
 
 _RELATIONS = {"Equality": "==", "Unequality": "!=", "StrictLessThan": "<", "LessThan": "<=",
               "StrictGreaterThan": ">", "GreaterThan": ">="}
-_GUARD = {**_PY, "Abs": "abs({0})", "ToFloat": "float({0})", "Not": "(not {0})", "IntTrueDiv": "({0} / {1})",
-          "FloatTrueDiv": "({0} / {1})", "TruncToInt": "int({0})"}
+_GUARD = {**_PY, "Abs": "abs({0})", "Not": "(not {0})", "TruncToInt": "int({0})"}
 
 
 def guards(env: Any) -> str:

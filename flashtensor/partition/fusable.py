@@ -33,9 +33,11 @@ def eager_handoff(g: Graph, fused: Graph) -> Optional[str]:
     score matrix feeding an op without a lowering) is written to memory as eager writes it, the rule
     check_boundaries applies between kernels (docs/design.md §3.4): the kernels then save nothing, and the
     remainder, evaluated from the decomposed graph, costs more than the user's own ops (0.36x eager on an
-    H200)."""
-    largest = max(hint(math.prod(n.shape)) for n in g.inputs + g.outputs)   # by the traced sizes: a choice of
-    handed = [n for n in fused.outputs if n not in g.outputs and hint(math.prod(n.shape)) > largest]   # speed
+    H200). In a shape-generic program each comparison is a guard: an Sq x Sk matrix is smaller than the (Sq, D)
+    queries at Sk < D and larger beyond, so a plan that hands it over at the traced lengths must not serve
+    longer ones (the traced sizes alone once decided it for every length)."""
+    ends = [math.prod(n.shape) for n in g.inputs + g.outputs]
+    handed = [n for n in fused.outputs if n not in g.outputs and all(math.prod(n.shape) > e for e in ends)]
     if not handed:
         return None
     n = max(handed, key=lambda n: hint(math.prod(n.shape)))

@@ -14,7 +14,7 @@ from typing import Callable, Optional
 
 from ..ir.loops import LNode, LoopGraph, Var, loop_topo
 from ..ir.reasons import NoPlanError
-from ..ir.sizes import hint, longer
+from ..ir.sizes import hint, length, longer
 
 
 class PartitionError(NoPlanError):
@@ -39,7 +39,7 @@ def _cuts(roots: list[LNode], parallel: set[Var], produced: set[LNode],
     `invariant` > 0, also a reduction longer than that whose value does not vary along the longest parallel
     variable, itself longer: the grid splits it, so each program would compute the value again (linear
     attention's d x d context k^T v under an output over queries, which each query tile would recompute)."""
-    longest = max(parallel, key=lambda v: (hint(v.extent), -v.id), default=None)
+    longest = max(parallel, key=lambda v: (length(v.extent), -v.id), default=None)
     row = longest if invariant and longest is not None and longer(longest.extent, invariant) else None
     cuts: list[LNode] = []
     seen: set[int] = set()

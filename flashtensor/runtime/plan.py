@@ -109,6 +109,7 @@ class Program:
         if self.remainder is None:
             return self.fn(*args)
         tensors = [args[i] for i in self.tensor_positions]
-        bufs = run_kernels(self.launches, list(tensors) + self.consts, tensors[0].device, self.sizes(tensors))
-        outs = self.remainder(tensors, {n: bufs[k] for n, k in self.results})
+        now = self.sizes(tensors)
+        bufs = run_kernels(self.launches, list(tensors) + self.consts, tensors[0].device, now)
+        outs = self.remainder(tensors, {n: bufs[k] for n, k in self.results}, now)
         return self.plan.decomposed.result(outs)

@@ -14,11 +14,11 @@ good (the reason goes to the debug log).
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
-from ..ir.evaluate import evaluate
+from ..ir.evaluate import evaluate, symbolic_node
 from ..ir.graph import Graph, Node, topo_order
 from ..ir.ops import EVAL
 
@@ -38,18 +38,23 @@ class Remainder:
         self.ready = list(ready)
         self.order = topo_order(g.outputs, stop=set(g.inputs) | set(self.ready))
         self.compiled: Optional[Callable] = None
-        if compiled and any(n not in self.ready for n in self.order if n not in g.inputs):
+        # a shape-generic plan's remainder reads the call's sizes, which the evaluator takes and an FX graph of
+        # steps with their nodes bound would not
+        self.generic = any(symbolic_node(n) for n in self.order if n not in g.inputs and n not in self.ready)
+        if compiled and not self.generic and any(n not in self.ready for n in self.order if n not in g.inputs):
             self.compiled = torch.compile(_graph_module(g, self.ready, self.order),
                                           options={"emulate_precision_casts": True})
 
-    def __call__(self, inputs: Sequence[torch.Tensor], env: dict[Node, torch.Tensor]) -> list[torch.Tensor]:
+    def __call__(self, inputs: Sequence[torch.Tensor], env: dict[Node, torch.Tensor],
+                 sizes: Optional[Mapping[str, int]] = None) -> list[torch.Tensor]:
+        """`sizes`: the values of a shape-generic plan's size symbols in this call."""
         if self.compiled is not None:
             try:
                 return list(self.compiled(*inputs, *[env[n] for n in self.ready]))
             except Exception:  # noqa: BLE001 - whatever torch.compile cannot take, the evaluator can
                 log.exception("torch.compile of the eager remainder failed; the evaluator runs it")
                 self.compiled = None
-        return evaluate(self.graph, inputs, env, self.order)
+        return evaluate(self.graph, inputs, env, self.order, sizes if self.generic else None)
 
 
 def _graph_module(g: Graph, ready: list[Node], order: list[Node]) -> torch.fx.GraphModule:

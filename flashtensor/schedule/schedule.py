@@ -28,7 +28,7 @@ from ..analysis.precision import kept
 from ..analysis.roles import Roles, kernel_nodes, reduction_deps, roles
 from ..ir.loops import Affine, LNode, Var, read_input
 from ..ir.reasons import NoPlanError
-from ..ir.sizes import hint, longer, symbolic
+from ..ir.sizes import hint, length, longer, symbolic
 from ..partition.plan import KernelPlan
 from . import online
 
@@ -177,9 +177,7 @@ def build_schedule(plan: KernelPlan, loop_choice: Optional[Var] = None) -> Sched
     # it fits (MAX_WHOLE)
     inner = {n.attrs["var"] for n in compute if n.op == "reduce"} & set(free)
     rows = [v for v in free if v not in inner]
-    # a symbolic size is long (ir/sizes.py `longer`): traced at a short query it would otherwise lose the row to
-    # the head dimension, and the query axis, which cannot be held whole, go to the grid (a program per query)
-    row = max(rows, key=lambda v: (symbolic(v.extent), hint(v.extent), -v.id)) if rows else None
+    row = max(rows, key=lambda v: (length(v.extent), -v.id)) if rows else None
     all_vars = {v for n in nodes for v in n.vars} | {n.attrs["var"] for n in compute if n.op == "reduce"}
     reduced = sorted({n.attrs["var"] for n in compute if n.op == "reduce"} - parallel,
                      key=lambda v: (not symbolic(v.extent), -hint(v.extent), v.id))   # a symbolic size is long

@@ -20,7 +20,7 @@ from ..ir.graph import Graph, Node
 from ..ir.loops import Affine, LNode, LoopGraph, LOutput, NodeTable, Var, loop_topo, stamp, var_union
 from ..ir.ops import BINARY, UNARY, Op
 from ..ir.reasons import NoPlanError, place
-from ..ir.sizes import broadcast_free, divides, same, symbolic
+from ..ir.sizes import broadcast_free, divides, same, simpler, symbolic
 
 
 class LoweringError(NoPlanError):
@@ -68,7 +68,10 @@ class _Solver:
             if x is y:
                 i, j = i + 1, j + 1
             elif x.extent == y.extent:
-                self.parent[x] = y
+                if simpler(x.extent, y.extent):
+                    self.parent[y] = x
+                else:
+                    self.parent[x] = y
                 i, j = i + 1, j + 1
             elif x.extent > y.extent and x.extent % y.extent == 0:
                 hi, lo = self.split(x, y.extent)
