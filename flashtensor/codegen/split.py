@@ -11,7 +11,8 @@ the kernel's epilogue (loop-invariant factors, the roots, their stores) as the u
 no live element (fully masked, or past the loop's end) holds m_s = -inf and sums of 0, which add nothing, so the
 result equals the unsplit kernel's, a fully masked row's NaN or uniform row included. Column statistics (a kernel
 over keys looping over queries) have programs enough for long keys: the count is 1 there, and a static count of
-1 emits the kernel unchanged. A shape-generic kernel computes its count from its size arguments at launch.
+1 emits the kernel unchanged. A shape-generic kernel computes its count from its size arguments at launch; where
+it comes to 1 (prefill), the kernel runs its epilogue itself and the launch skips the combine (`epilogue`).
 """
 from __future__ import annotations
 
