@@ -151,7 +151,9 @@ def _emit(plan: Plan, call: Call) -> dict[int, list[KernelSpec]]:
         folded = folded_normalisers(schedules)
         out[c] = [KernelSpec(s, f"ft_kernel{k}", loops.inputs, {r: owner[r] for r in s.plan.roots if r in owner},
                              prec.faithful, plan.stages["facts"], loaded, checks[k], folded, knobs.interpret(),
-                             call.options.group_programs, call.options.fixup_programs, call.sizes(plan.captured))
+                             call.options.group_programs, call.options.fixup_programs,
+                             sizes=call.sizes(plan.captured), split_programs=call.options.split_programs,
+                             splits=call.options.splits)
                   for k, s in enumerate(schedules)]
     return out
 

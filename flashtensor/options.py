@@ -31,6 +31,10 @@ class Options:
     candidate: Optional[int] = None    # offer the search only this partition candidate (None: every one)
     group_programs: int = 512          # programs per launch-order group (codegen/loop.py placement)
     fixup_programs: int = 264          # programs of the fixup pass (two per SM of an H100 or H200)
+    # a kernel whose loop feeds only row statistics and sums, with fewer programs than this, splits its loop across
+    # programs to reach it (four per SM of an H200; codegen/split.py)
+    split_programs: int = 528
+    splits: Optional[int] = None       # force that many loop splits wherever a kernel can split (tests; None: sizes)
     cache: bool = True                 # read and write the on-disk plan cache (also FLASHTENSOR_CACHE=0)
     kernels: bool = True               # False: stop after decomposition, run everything in eager
     # torch.compile what a partly fused plan runs in eager (None: on CUDA devices only; runtime/remainder.py)

@@ -2,12 +2,13 @@
 cannot build there before a GPU run does: Triton's interpreter, which runs them on the CPU, accepts code the GPU
 compiler rejects.
 
-    .venv/bin/python scripts/compile_sm90.py [HELD_PROGRAMS...] [--dtype fp16] [--configs N]
+    .venv/bin/python scripts/compile_sm90.py [HELD_PROGRAMS...] [--dtype fp16] [--configs N] [--splits N]
 
 For each held program (flashtensor/bench/programs.py) at the GPU shapes, on meta tensors, every kernel of every
 candidate partition is emitted at the first N tile configurations and compiled through Triton's NVIDIA backend
 to a cubin (ptxas ships with Triton), in both modes (MODE 0 and the fixup pass), with the pre-passes launched
-before it (codegen/ranges.py), its pointers aligned as on the GPU. Exits 1 if any fails.
+before it (codegen/ranges.py) and the combine after a split loop (codegen/split.py; --splits forces them), its
+pointers aligned as on the GPU. Exits 1 if any fails.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ sys.path[:0] = [str(ROOT)]
 from flashtensor import driver  # noqa: E402
 from flashtensor.bench import programs  # noqa: E402
 from flashtensor.codegen.kernel import emit_kernel  # noqa: E402
-from flashtensor.options import CONFIGS  # noqa: E402
+from flashtensor.options import CONFIGS, Options  # noqa: E402
 
 _TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64",
           torch.int32: "i32", torch.int64: "i64", torch.bool: "i1", torch.int8: "i8", torch.uint8: "u8"}
@@ -90,12 +91,16 @@ def _compile(src: Any, where: Path) -> list[str]:
     path = where / f"{src.name}_{abs(hash(src.source))}.py"
     path.write_text(src.source)
     module = _compiled_module(path)
-    sig = {b.name: "*" + _TYPES[b.dtype] for b in src.buffers}
-    # the kernel in both modes, then each pre-pass launched before it (run-time tile ranges, codegen/ranges.py)
+    def sig(buffers: list, sizes: list[str]) -> dict[str, str]:
+        return {**{b.name: "*" + _TYPES[b.dtype] for b in buffers}, **{n: "i32" for n in sizes}}
+    # the kernel in both modes, each pre-pass launched before it (run-time tile ranges, codegen/ranges.py), and the
+    # combine launched after a split loop (codegen/split.py), in both modes too
     modes = (0, 1) if src.fixup else (0,)
-    builds = [(src.name, sig, {"MODE": mode}, src.num_warps, src.num_stages) for mode in modes]
-    builds += [(p.name, {b.name: "*" + _TYPES[b.dtype] for b in p.buffers}, {}, p.num_warps, src.num_stages)
-               for p in src.prologues]
+    builds = [(src.name, sig(src.buffers, src.sizes), {"MODE": mode}, src.num_warps, src.num_stages) for mode in modes]
+    builds += [(p.name, sig(p.buffers, p.sizes), {}, p.num_warps, src.num_stages) for p in src.prologues]
+    c = src.combine
+    builds += [(c.name, sig(c.buffers, c.sizes), {"MODE": mode}, c.num_warps, src.num_stages)
+               for mode in (modes if c else ())]
     errors = []
     for name, types, modes, warps, stages in builds:
         # every pointer 16-byte aligned, as a launch on the GPU specialises torch's allocations: the code it then
@@ -111,11 +116,12 @@ def _compile(src: Any, where: Path) -> list[str]:
     return errors
 
 
-def check(name: str, dtype: torch.dtype, configs: int, where: Path) -> list[str]:
-    """The failures of held program `name`'s kernels at the GPU shapes, every candidate, the first `configs`."""
+def check(name: str, dtype: torch.dtype, configs: int, where: Path, splits: int | None = None) -> list[str]:
+    """The failures of held program `name`'s kernels at the GPU shapes, every candidate, the first `configs`; with
+    `splits`, every loop that can split split so (Options.splits)."""
     fn, args = programs.make(name, device="cpu", dtype=dtype, **programs.GPU)
     failures = []
-    for k, plan in driver.candidate_plans(fn, [_meta(a) for a in args]):
+    for k, plan in driver.candidate_plans(fn, [_meta(a) for a in args], Options(splits=splits)):
         for specs in plan.stages["emit"].values():
             for spec in specs:
                 for cfg in CONFIGS[:configs]:
@@ -132,12 +138,13 @@ def main() -> int:
     ap.add_argument("programs", nargs="*", default=programs.NAMES)
     ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16", "fp32"])
     ap.add_argument("--configs", type=int, default=1)
+    ap.add_argument("--splits", type=int, default=None, help="split every loop that can split so (codegen/split.py)")
     a = ap.parse_args()
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype]
     failures = []
     d = Path(tempfile.mkdtemp(prefix="sm90-"))      # kept: a failure names its kernel's file here
     for name in a.programs:
-        found = check(name, dtype, a.configs, d)
+        found = check(name, dtype, a.configs, d, a.splits)
         print(f"{name} {a.dtype}: " + ("ok" if not found else f"{len(found)} failed"), flush=True)
         failures += found
     for f in failures:

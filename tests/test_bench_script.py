@@ -191,3 +191,15 @@ def test_generic_sweep_plans_once_and_checks_every_length(tmp_path):
     recs = json.loads(out.read_text())["records"]
     assert [r["ok"] for r in recs] == [True] * 3
     assert [r["searches"] for r in recs] == [1, 0, 0]
+
+
+def test_generic_decode_splits_the_key_loop(tmp_path):
+    """The decode benchmark (the GPU's decode measurement, at the interpreter's shapes): h2o and its attention alone
+    match eager, with their key loops split."""
+    out = tmp_path / "decode.json"
+    cmd = [sys.executable, "-m", "flashtensor.bench.generic", "decode", "--small", "--q", "4", "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, TRITON_INTERPRET="1", FLASHTENSOR_CACHE="0"),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    recs = json.loads(out.read_text())["records"]
+    assert recs and all(r["ok"] and r["splits"] and min(r["splits"] + r["attn_splits"]) > 1 for r in recs), recs

@@ -2,7 +2,7 @@
 
     python -m flashtensor.bench.generic sweep [--names h2o,keyformer] [--lengths 50] [--lo 1024] [--hi 32768]
     python -m flashtensor.bench.generic versus [--names attn,h2o,...] [--S 4096]
-    python -m flashtensor.bench.generic decode [--q 1,4,16] [--kv 8192,32768,131072]
+    python -m flashtensor.bench.generic decode [--q 1,4,16] [--kv 8192,32768,131072] [--splits N]
     python -m flashtensor.bench.generic compile [--names attn,h2o,...] [--S 4096]
     (--small: the CPU interpreter's shapes; every mode checks its outputs against eager where eager fits)
 
@@ -10,9 +10,10 @@ sweep: one `ft.compile(fn, dynamic=True)` per workload called at random lengths;
 tunes it cost (`cache_info`), and per bucket the host time of a call in it (the call's wall time without
 waiting for the GPU, median over repeats). versus: each workload's kernels planned for its exact shape and
 generically, timed side by side. decode: h2o with a few queries against long keys, against eager,
-torch.compile and (its attention alone) SDPA. compile: the wall time of each workload's first call, planning
-included (from the on-disk cache when an earlier process stored the plan: run it twice for cold and cached).
-Results print as lines; --json keeps the records.
+torch.compile, and its attention alone (compiled too) against SDPA, with the split counts of their key loops
+(codegen/split.py). compile: the wall time of each workload's first call, planning included (from the on-disk
+cache when an earlier process stored the plan: run it twice for cold and cached). Results print as lines; --json
+keeps the records.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ import torch.nn.functional as F
 import flashtensor as ft
 from flashtensor import workloads
 from flashtensor.cli.main import _use_interpreter_without_gpu
-from flashtensor.ir.sizes import pow2_bucket
+from flashtensor.ir.sizes import evaluate, pow2_bucket
 
 from . import bench
 
@@ -141,14 +142,24 @@ def first_call(names: list[str], S: int, device: str, dims: dict) -> list[dict]:
     return out
 
 
-def _h2o_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """h2o for q_len < kv_len ((B, S, H, D) inputs): the causal mask offset to the last q_len key positions."""
-    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+def _probs(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """P for q_len < kv_len ((B, S, H, D) inputs): the causal mask offset to the last q_len key positions."""
+    qt, kt = q.transpose(1, 2), k.transpose(1, 2)
     s = (qt @ kt.transpose(-1, -2)) / math.sqrt(q.shape[-1])
     sq, sk = s.shape[-2:]
     s = s + torch.full((sq, sk), float("-inf"), device=q.device, dtype=s.dtype).triu(sk - sq + 1)
-    p = F.softmax(s.float(), dim=-1)
-    return (p.to(q.dtype) @ vt).transpose(1, 2).contiguous(), p.sum(dim=2)
+    return F.softmax(s.float(), dim=-1)
+
+
+def _h2o_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """h2o for q_len < kv_len: attention and the column sums of P."""
+    p = _probs(q, k)
+    return (p.to(q.dtype) @ v.transpose(1, 2)).transpose(1, 2).contiguous(), p.sum(dim=2)
+
+
+def _attn_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Its attention alone (SDPA's program)."""
+    return (_probs(q, k).to(q.dtype) @ v.transpose(1, 2)).transpose(1, 2).contiguous()
 
 
 def _sdpa_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -159,9 +170,18 @@ def _sdpa_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tenso
     return o.transpose(1, 2).contiguous()
 
 
-def decode(qs: list[int], kvs: list[int], device: str, dims: dict, timed: bool) -> list[dict]:
+def _split_counts(c: Any, args: tuple) -> list[int]:
+    """How many programs split each split kernel's loop per row tile, in the program serving this call
+    (codegen/split.py): decode's row kernel should have several."""
+    prog = c.program_for(args)
+    now = prog.sizes([args[i] for i in prog.tensor_positions])
+    return [evaluate(k.splits, now) for k in prog.kernels if k.combine is not None]
+
+
+def decode(qs: list[int], kvs: list[int], device: str, dims: dict, timed: bool, splits: int | None) -> list[dict]:
     out = []
-    fast = ft.compile(_h2o_rows, dynamic=True)
+    fast = ft.compile(_h2o_rows, dynamic=True, splits=splits)
+    attn = ft.compile(_attn_rows, dynamic=True, splits=splits)
     compiled = torch.compile(_h2o_rows, dynamic=True) if timed else None
     g = torch.Generator(device=device).manual_seed(0)
     for kv in kvs:
@@ -169,11 +189,13 @@ def decode(qs: list[int], kvs: list[int], device: str, dims: dict, timed: bool) 
             H, D, dt = dims["H"], dims["D"], bench.DTYPES.get("fp16") if timed else torch.float32
             q, k, v = (torch.randn(1, n, H, D, generator=g, device=device, dtype=dt) for n in (q_len, kv, kv))
             with torch.no_grad():
-                ok = bench.compare(fast(q, k, v), _h2o_rows(q, k, v))["ok"]
+                ok = bench.compare(fast(q, k, v), _h2o_rows(q, k, v))["ok"] and \
+                    bench.compare(attn(q, k, v), _attn_rows(q, k, v))["ok"]
                 rec = {"q_len": q_len, "kv_len": kv, "ok": ok, "flashtensor_ms": _ms(lambda: fast(q, k, v), timed),
                        "eager_ms": _ms(lambda: _h2o_rows(q, k, v), timed),
                        "torch_compile_ms": _ms(lambda: compiled(q, k, v), timed) if compiled else None,
-                       "sdpa_ms": _ms(lambda: _sdpa_rows(q, k, v), timed)}
+                       "attn_ms": _ms(lambda: attn(q, k, v), timed), "sdpa_ms": _ms(lambda: _sdpa_rows(q, k, v), timed),
+                       "splits": _split_counts(fast, (q, k, v)), "attn_splits": _split_counts(attn, (q, k, v))}
             out.append(rec)
             print("decode " + ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
                                         for k, v in rec.items()), flush=True)
@@ -192,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heads", type=int, default=32, help="heads (keyformer's noise is B x H x S x S)")
     p.add_argument("--q", default="1,4,16", help="decode: query lengths")
     p.add_argument("--kv", default="8192,32768,131072", help="decode: key lengths")
+    p.add_argument("--splits", type=int, default=None,
+                   help="decode: force the key loop's split count (default: from the sizes; --small: 3)")
     p.add_argument("--small", action="store_true", help="tiny shapes for the CPU interpreter")
     p.add_argument("--json", default="")
     args = p.parse_args(argv)
@@ -210,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         recs = versus(names, S, device, dims, timed) if args.mode == "versus" else first_call(names, S, device, dims)
     else:
         kvs = [40, 100] if args.small else [int(x) for x in args.kv.split(",")]
-        recs = decode([int(x) for x in args.q.split(",")], kvs, device, dims, timed)
+        splits = 3 if args.small and args.splits is None else args.splits   # the CPU's lengths fill no GPU
+        recs = decode([int(x) for x in args.q.split(",")], kvs, device, dims, timed, splits)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"mode": args.mode, "device": torch.cuda.get_device_name() if timed else "cpu", "records": recs},

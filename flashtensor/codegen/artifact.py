@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
+
+from ..ir.sizes import python
 
 FINITE = ("finite",)   # buffer key of the finite-check flag: zeroed per call, NaN once a check finds a non-finite input
 HELPERS_MODULE = "flashtensor.codegen.triton_helpers"   # what every generated kernel imports its helpers from
@@ -29,8 +31,9 @@ class Buffer:
 
 @dataclass
 class Prologue:
-    """A pre-pass kernel in the same module, launched before its kernel (codegen/ranges.py): the run-time tile
-    ranges of masks read from tensors."""
+    """A companion kernel in the same module: a pre-pass launched before its kernel (codegen/ranges.py: the run-time
+    tile ranges of masks read from tensors), or the combine launched after a kernel whose loop is split across
+    programs (codegen/split.py)."""
     name: str
     buffers: list[Buffer]
     grid: tuple[Any]
@@ -52,11 +55,20 @@ class KernelSource:
     fixup_programs: int = 264      # programs of that fixup pass
     sizes: list[str] = field(default_factory=list)   # size arguments after the buffers (a shape-generic kernel)
     prologues: list[Prologue] = field(default_factory=list)     # launched before it, in order
+    splits: Any = 1                # programs per row tile, each over a piece of the loop (a size expression)
+    combine: Optional[Prologue] = None     # launched after it where the loop is split: merges the pieces
 
     @property
     def config(self) -> str:
         """The tuned configuration in words (the tuner's progress line, explain's report)."""
-        return f"blocks {self.blocks}, {self.num_warps} warps, {self.num_stages} stages"
+        ways = f"{self.splits} ways" if isinstance(self.splits, int) else "as the call's sizes say"
+        split = f", loop split {ways}" if self.combine else ""
+        return f"blocks {self.blocks}, {self.num_warps} warps, {self.num_stages} stages{split}"
+
+
+def plain_shape(b: Buffer) -> Buffer:
+    """b with its symbolic sizes as Python expressions of the size arguments (the launch evaluates them)."""
+    return dataclasses.replace(b, shape=tuple(python(d) for d in b.shape))
 
 
 def encode_kernel(k: KernelSource) -> dict:
@@ -65,14 +77,20 @@ def encode_kernel(k: KernelSource) -> dict:
 
 
 def decode_kernel(d: dict) -> KernelSource:
-    pro = [Prologue(**{**p, "buffers": [Buffer(**b) for b in p["buffers"]]}) for p in d.get("prologues", [])]
-    return KernelSource(**{**d, "buffers": [Buffer(**b) for b in d["buffers"]], "prologues": pro})
+    def companion(p: dict) -> Prologue:
+        return Prologue(**{**p, "buffers": [Buffer(**b) for b in p["buffers"]]})
+    combine = d.get("combine")
+    return KernelSource(**{**d, "buffers": [Buffer(**b) for b in d["buffers"]],
+                           "prologues": [companion(p) for p in d.get("prologues", [])],
+                           "combine": companion(combine) if combine else None})
 
 
 def with_plain_keys(kernels: list[KernelSource], key: Callable[[Any], tuple]) -> list[KernelSource]:
     """The kernels with every buffer's planning-time source (an LOutput or LNode) replaced by key(source)."""
     def plain(bufs: list[Buffer]) -> list[Buffer]:
         return [dataclasses.replace(b, source=key(b.source)) for b in bufs]
-    return [dataclasses.replace(k, buffers=plain(k.buffers),
-                                prologues=[dataclasses.replace(p, buffers=plain(p.buffers)) for p in k.prologues])
+    def companion(p: Prologue) -> Prologue:
+        return dataclasses.replace(p, buffers=plain(p.buffers))
+    return [dataclasses.replace(k, buffers=plain(k.buffers), prologues=[companion(p) for p in k.prologues],
+                                combine=companion(k.combine) if k.combine else None)
             for k in kernels]

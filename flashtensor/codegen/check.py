@@ -145,7 +145,8 @@ def program_check(em: Tiles, slots: int, check: dict, part: int, tiles: Size, st
             if em.checks[i][1]:
                 skipped.append(f"    chkm{i} = tl.full([{tile}], float(\"inf\"), tl.float32)")
         gap = [("ga", "gb")] if em.s.gap or em.s.runtime_gap else []
-        for lo, hi in [("0", "lo")] + gap + [(f"(hi + {bl - 1}) // {bl} * {bl}", source(L.extent))]:
+        first, last = ("slo", "shi") if em.split else ("0", source(L.extent))     # this program's piece of the loop
+        for lo, hi in [(first, "lo")] + gap + [(f"(hi + {bl - 1}) // {bl} * {bl}", last)]:
             skipped += [f"    for l0 in tl.range({lo}, {hi}, {bl}, num_stages={stages}):     # loop tiles it skipped",
                         f"        o_{L} = l0 + tl.arange(0, {bl})"] + ["        " + ln for ln in ctx.lines]
         for n in looped:

@@ -266,6 +266,20 @@ class Emitter(Tiles):
             off += f" + r_{v} * {source(strides[v])}"
         ctx.lines.append(f"{indent}tl.store({buf} + {off}, {val}" + (f", mask={mask})" if mask else ")"))
 
+    def store_roots(self, cache: dict) -> list[str]:
+        """The lines storing every root of the kernel (after its loop), and the folded normalisers of those it
+        reduces; `cache` holds the values computed before and after the loop."""
+        s, ctx = self.s, Body(self.s.passes, frozenset(), False, cache)
+        for r in s.plan.roots:
+            for out in self.spec.outputs.get(r, [None]):      # one node may be several program outputs
+                self.store(r, out, ctx)
+            if r in self.spec.outputs and r in self.spec.loaded_later:   # a program output another kernel also reads
+                self.store(r, None, ctx)
+        for (m, d), f in self.spec.folded.items():
+            if m in s.plan.roots and d in s.plan.roots:
+                self.store(f, None, ctx)
+        return ctx.lines
+
     def product(self, factors, tv: list[Var], ctx, lines: list[str]) -> str:
         """Product of factors over tile tv, a summand or a dot operand. The forms for a quotient apply to its
         factors as to a division: normalised_exp to an exponential over its normaliser, thin_divisor to a

@@ -1,7 +1,6 @@
 """Triton source for one scheduled kernel: the passes of its loop, the stores, and the program's modes."""
 from __future__ import annotations
 
-import dataclasses
 import math
 
 from ..analysis.facts import IDENTITY
@@ -9,8 +8,8 @@ from ..ir.loops import Var
 from ..ir.sizes import ceildiv, python
 from ..options import TileConfig
 from ..schedule.schedule import ScheduleError
-from . import check, loop, ranges
-from .artifact import HELPERS_MODULE, Buffer, KernelSource
+from . import check, loop, ranges, split
+from .artifact import HELPERS_MODULE, KernelSource, plain_shape
 from .body import Body
 from .emitter import Emitter
 from .lower import lit
@@ -27,9 +26,13 @@ def emit_kernel(spec: KernelSpec, cfg: TileConfig) -> KernelSource:
     em = Emitter(spec, cfg)
     s = spec.schedule
     c = spec.check
-    folded = spec.folded
+    grid1 = math.prod(v.extent for v in s.batch)
+    ntiles = ceildiv(s.row.extent, em.blk[s.row]) if s.row is not None else 1
+    tiles = ntiles * grid1
+    em.splits = split.count(em, tiles)
     body: list[str] = []
     final_cache: dict[int, tuple[str, list[Var]]] = {}
+    parts: list[str] = []
     segments = loop.segments(em) if s.loop is not None else []
     for p in range(s.passes if s.loop is not None else 0):
         assert s.loop is not None     # no passes without a loop
@@ -59,42 +62,24 @@ def emit_kernel(spec: KernelSpec, cfg: TileConfig) -> KernelSource:
             step = f"i_{s.loop} = l0" if s.stepped else f"o_{s.loop} = l0 + tl.arange(0, {em.blk[s.loop]})"
             body.append("    " + step)
             body += ["    " + ln for ln in ctx.lines]
-        post = Body(p + 1, frozenset(), False, {**em.cache_pre, **final_cache})
-        for a in accs:
-            e = f"acc_{a.node.name}"
-            if a.kind == "any":
-                e = f"({e} != 0)"
-            tv = em.tvars(a.node)
-            for f, pw in a.pulled:
-                fe = em.arg(f, tv, post)
-                e = f"{e} * {fe}" if pw > 0 else f"{e} / {fe}"
-            em.finals[a.node] = f"red_{a.node.name}"
-            post.lines.append(f"red_{a.node.name} = {e}")
+        if em.split:    # this program's piece of the pass: its partials, merged by the combine kernel
+            parts = split.partials(em, accs)
+            break
+        post = loop.finals(em, accs, p, {**em.cache_pre, **final_cache})
         body += post.lines
         final_cache.update(post.cache)
     if s.loop is None and s.accums:
         raise ScheduleError("reductions without a loop variable")
-    store_ctx = Body(s.passes, frozenset(), False, {**em.cache_pre, **final_cache})
-    for r in s.plan.roots:
-        for out in spec.outputs.get(r, [None]):      # one node may be several program outputs
-            em.store(r, out, store_ctx)
-        if r in spec.outputs and r in spec.loaded_later:   # a program output another kernel also reads
-            em.store(r, None, store_ctx)
-    for (m, d), f in folded.items():
-        if m in s.plan.roots and d in s.plan.roots:
-            em.store(f, None, store_ctx)
-    body += store_ctx.lines
-    grid1 = math.prod(v.extent for v in s.batch)
-    ntiles = ceildiv(s.row.extent, em.blk[s.row]) if s.row is not None else 1
-    tiles = ntiles * grid1
+    body += split.epilogue(em, parts) if em.split else em.store_roots({**em.cache_pre, **final_cache})
     for n, _ in em.checks.values():
         if s.loop not in n.vars and id(n) not in em.cache_pre:
             em.value(n, None)
     tile = loop.placement(em, ntiles, grid1) + [f"o_{v} = tl.arange(0, {em.blk[v]})" for v in s.whole] + \
         [check.check_acc(em, i)[0] for i in em.checks] + em.pre + body
-    checked = tile + (check.program_check(em, c.slots, dict(c.flat), c.part, tiles, cfg.num_stages)
+    programs = tiles * em.splits
+    checked = tile + (check.program_check(em, c.slots, dict(c.flat), c.part, programs, cfg.num_stages)
                       if c.slots and (c.flat or em.checks) else [])
-    prog = check.modes(em, c.slots, tiles, tile, checked)
+    prog = check.modes(em, c.slots, programs, tile, checked)
     buffers = list(em.bufs.values())
     size_args = sorted(spec.sizes)
     head = [f"def {spec.name}({', '.join([b.name for b in buffers] + size_args)}, MODE: tl.constexpr, "
@@ -102,14 +87,11 @@ def emit_kernel(spec: KernelSpec, cfg: TileConfig) -> KernelSource:
             "    if PDL:", "        _after_prior()"]
     lines = head + ["    " + ln for ln in prog]
     pre_src, pre = ranges.prologues(spec, cfg)
+    comb_src, comb = split.combine(spec, cfg, ntiles, grid1, em.splits) if em.split else ("", None)
     src = "import triton\nimport triton.language as tl\n\n" + \
-        f"from {HELPERS_MODULE} import {', '.join(HELPERS)}\n\n\n@triton.jit\n" + "\n".join(lines) + "\n" + pre_src
+        f"from {HELPERS_MODULE} import {', '.join(HELPERS)}\n\n\n@triton.jit\n" + "\n".join(lines) + "\n" + pre_src + \
+        comb_src
     blocks = {str(v): em.blk[v] for v in em.blk}
-    return KernelSource(spec.name, src, [_plain_shape(b) for b in buffers], (python(tiles),), cfg.num_warps,
+    return KernelSource(spec.name, src, [plain_shape(b) for b in buffers], (python(programs),), cfg.num_warps,
                         cfg.num_stages, blocks, bool(s.skip or s.special or s.runtime), c.slots > 0,
-                        spec.fixup_programs, size_args, pre)
-
-
-def _plain_shape(b: Buffer) -> Buffer:
-    """b with its symbolic sizes as Python expressions of the size arguments (the launch evaluates them)."""
-    return dataclasses.replace(b, shape=tuple(python(d) for d in b.shape))
+                        spec.fixup_programs, size_args, pre, python(em.splits), comb)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from ..analysis.facts import IDENTITY, negate
 from ..ir.loops import Affine, LNode
-from ..ir.sizes import Size, hint, source, symbolic
+from ..ir.sizes import Size, ceildiv, hint, source, symbolic
 from ..schedule.schedule import Accum, Schedule, ScheduleError
 from . import check, forms, ranges
 from .body import Body
@@ -72,6 +72,13 @@ def segments(em: Tiles) -> list[tuple[str, str, frozenset, bool]]:
     else:
         em.pre.append("lo = 0")
         em.pre.append(f"hi = {source(L.extent)}")
+    if em.split:
+        # this program's piece [slo, shi) of the loop, whole tiles; an empty one past the last tile. Its bounds are
+        # multiples of the block, so an empty piece is an empty range of tiles too (loop_header counts tiles)
+        nt = source(ceildiv(L.extent, bl))
+        em.pre += [f"slo = tl.minimum(sid * (({nt} + ns - 1) // ns), {nt}) * {bl}",
+                   f"shi = tl.minimum(slo + (({nt} + ns - 1) // ns) * {bl}, {nt} * {bl})",
+                   "lo = tl.minimum(tl.maximum(lo, slo), shi)", "hi = tl.maximum(lo, tl.minimum(hi, shi))"]
     pieces = [("lo", "hi", ulo, uhi, live)]
     if s.runtime_gap:   # the largest gap the pre-pass found: every loop steps over it (loop_header)
         em.pre.append(f"ga = tl.minimum(tl.maximum({bounds[2]}, lo), hi)")
@@ -95,7 +102,8 @@ def segments(em: Tiles) -> list[tuple[str, str, frozenset, bool]]:
         ua, ub = ("ua", "ub") if k == 0 else ("ua2", "ub2")
         em.pre.append(f"{ua} = tl.minimum(tl.maximum({_fold('tl.maximum', los)}, {a}), {b})")
         # the bulk ends by `hi` where a run-time range may end before the compile-time bulk does
-        em.pre.append(f"{ub} = tl.maximum({ua}, {_fold('tl.minimum', his + ([b] if b != 'hi' or s.runtime else []))})")
+        em.pre.append(f"{ub} = tl.maximum({ua}, "
+                      f"{_fold('tl.minimum', his + ([b] if b != 'hi' or s.runtime or em.split else []))})")
         segs += [(a, ua, none, True)] + _bulk(em, k, ua, ub, frozenset(bulk), bounds[4:]) + [(ub, b, none, True)]
     for h in s.special:
         cl, kmin, _ = _span(em, h)
@@ -270,6 +278,22 @@ def loop_body(em: Emitter, ctx: Body, accs: list[Accum], running: dict) -> None:
     ctx.witness.clear()
 
 
+def finals(em: Emitter, accs: list[Accum], pass_: int, cache: dict) -> Body:
+    """The block after a pass: each accumulator's result (`red_*`), its loop-invariant factors applied."""
+    post = Body(pass_ + 1, frozenset(), False, cache)
+    for a in accs:
+        e = f"acc_{a.node.name}"
+        if a.kind == "any":
+            e = f"({e} != 0)"
+        tv = em.tvars(a.node)
+        for f, pw in a.pulled:
+            fe = em.arg(f, tv, post)
+            e = f"{e} * {fe}" if pw > 0 else f"{e} / {fe}"
+        em.finals[a.node] = f"red_{a.node.name}"
+        post.lines.append(f"red_{a.node.name} = {e}")
+    return post
+
+
 def unsettled(em: Tiles, accs: list[Accum]) -> str:
     """Scalar that is true while some `any` accumulator of the tile is still false (Schedule.stops_early)."""
     terms = []
@@ -289,11 +313,15 @@ def placement(em: Tiles, ntiles: Size, grid1: Size) -> list[str]:
     out = []
     group = max(1, min(hint(grid1), em.spec.group_programs // hint(ntiles)))   # correct at any size: a group
     n, span = source(grid1), source(group * ntiles)
+    pid = "pid"
+    if em.split:        # the pieces of one row tile's loop are neighbours in the grid
+        out += [f"ns = {source(em.splits)}", "sid = pid % ns", "tp = pid // ns"]
+        pid = "tp"
     if not symbolic(grid1) and not symbolic(ntiles) and group >= grid1:      # past the grid is the whole grid
-        out += [f"t = pid // {n}", f"b = pid % {n}"]
+        out += [f"t = {pid} // {n}", f"b = {pid} % {n}"]
     else:
-        out += [f"g = pid // {span}", f"gn = tl.minimum({group}, {n} - g * {group})",
-                f"t = (pid - g * {span}) // gn", f"b = g * {group} + (pid - g * {span}) % gn"]
+        out += [f"g = {pid} // {span}", f"gn = tl.minimum({group}, {n} - g * {group})",
+                f"t = ({pid} - g * {span}) // gn", f"b = g * {group} + ({pid} - g * {span}) % gn"]
     index, rest = [], "b"
     for v in reversed(s.batch):
         index.append(f"i_{v} = {rest} % {source(v.extent)}")

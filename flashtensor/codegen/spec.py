@@ -47,4 +47,6 @@ class KernelSpec:
     interpret: bool = False
     group_programs: int = 512
     fixup_programs: int = 264
+    split_programs: int = 528              # Options.split_programs
+    splits: Optional[int] = None           # Options.splits
     sizes: Mapping[str, int] = field(default_factory=dict)   # a symbolic size's value in the bucket emitted for

@@ -14,7 +14,7 @@ import torch
 
 from ..analysis import precision
 from ..ir.loops import Affine, LNode, Var
-from ..ir.sizes import pow2_bucket, source, symbolic, value
+from ..ir.sizes import Size, pow2_bucket, source, symbolic, value
 from ..options import TileConfig
 from ..schedule.schedule import Schedule, ScheduleError, contraction, factorize
 from .artifact import Buffer
@@ -55,6 +55,12 @@ class Tiles(abc.ABC):
         self.ftz: frozenset[int] = spec.check.ftz   # inputs whose logs flush subnormals in the first pass
         self.narrowed: dict[int, torch.dtype] = dict(spec.check.narrowed)   # inputs the check tests as cast
         self.carriers: dict[str, list[Var]] = {}   # sum accumulators that took in a check (see loop.py)
+        self.splits: Size = 1       # programs per row tile, each over a piece of the loop (split.py)
+
+    @property
+    def split(self) -> bool:
+        """Whether the loop is split across programs (without a guard on a symbolic count)."""
+        return symbolic(self.splits) or self.splits != 1
 
     def bucket(self, extent: Any) -> int:
         """A static extent, or the top of the length bucket the kernel is emitted for (spec.sizes)."""
@@ -104,7 +110,7 @@ class Tiles(abc.ABC):
         conds = [f"({self.idx(v, tv)} < {source(v.extent)})" for v in tv if self.partial(v)]
         return " & ".join(conds) if conds else None
 
-    def buffer(self, key: Any, shape: Sequence[int], dtype: torch.dtype, kind: str, written: bool = False) -> str:
+    def buffer(self, key: Any, shape: Sequence[Size], dtype: torch.dtype, kind: str, written: bool = False) -> str:
         if key not in self.bufs:
             self.bufs[key] = Buffer(f"{kind[:3]}{len(self.bufs)}", tuple(shape), dtype, kind, key)
         self.bufs[key].written |= written

@@ -62,10 +62,21 @@ class Launch:
                 after_prior = True
         self.fn[grid](*args, MODE=int(fixup), PDL=pdl, launch_pdl=pdl and after_prior,
                       num_warps=self.source.num_warps, num_stages=self.source.num_stages)
+        c = self.source.combine
+        # a split loop's pieces merged, in the fixup pass too (after it recomputed them); one piece stored the results
+        if c is not None and evaluate(self.source.splits, sizes) != 1:
+            self.combine[(evaluate(c.grid[0], sizes),)](*[buffers[b.source] for b in c.buffers],
+                                                        *[sizes[n] for n in c.sizes], MODE=int(fixup), PDL=pdl,
+                                                        launch_pdl=pdl, num_warps=c.num_warps)
 
     @functools.cached_property
     def prologues(self) -> list[Any]:
         return [load_kernel(self.source, p.name) for p in self.source.prologues]
+
+    @functools.cached_property
+    def combine(self) -> Any:
+        assert self.source.combine is not None     # launched only for a kernel with a split loop
+        return load_kernel(self.source, self.source.combine.name)
 
 
 @functools.cache
@@ -86,7 +97,8 @@ def allocate(source: KernelSource, buffers: dict, device: torch.device) -> None:
     """Create the outputs, intermediates and the (zeroed) finite-check flag `source` uses that `buffers`
     does not hold yet."""
     sizes = buffers.get(SIZES, {})
-    for b in source.buffers + [b for p in source.prologues for b in p.buffers]:
+    companions = source.prologues + ([source.combine] if source.combine else [])
+    for b in source.buffers + [b for p in companions for b in p.buffers]:
         if b.source == FINITE and FINITE not in buffers:
             buffers[FINITE] = torch.zeros(b.shape, dtype=b.dtype, device=device)
         elif b.source not in buffers:
