@@ -2,6 +2,7 @@
 import os
 
 import pytest
+import torch
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton: kernels bind it when defined
 
@@ -74,3 +75,15 @@ def each_partition(run) -> int:
 
 # linear attention with projections (tests/test_linear.py)
 LINEAR = ("ea", "sima")
+
+
+def prefill_in_chunks(compiled, q, k, v, chunk):
+    """h2o-style (output, column sums) of `compiled` over chunks of `chunk` queries, each against the keys so far
+    (q_len < kv_len): the outputs concatenated and the column sums accumulated, to compare with one call."""
+    outs, cols = [], torch.zeros(q.shape[:2] + (k.shape[2],), dtype=torch.float32)
+    for start in range(0, q.shape[2], chunk):
+        end = start + chunk
+        o, col = compiled(q[:, :, start:end].contiguous(), k[:, :, :end].contiguous(), v[:, :, :end].contiguous())
+        outs.append(o)
+        cols[..., :end] += col
+    return torch.cat(outs, dim=2), cols

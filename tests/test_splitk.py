@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import flashtensor as ft
-from conftest import assert_close
+from conftest import assert_close, prefill_in_chunks
 from flashtensor import workloads
 from flashtensor.codegen import split
 from flashtensor.ir.sizes import evaluate
@@ -175,16 +175,11 @@ def test_prefill_in_chunks_with_split_loops():
     b, h, s, chunk = 1, 2, 96, 16
     q, k, v = _inputs(s, s, torch.float32, b, h, seed=3)
     c = ft.compile(h2o, cache=False, splits=3)
-    outs, cols = [], torch.zeros(b, h, s)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for start in range(0, s, chunk):
-            end = start + chunk
-            o, col = c(q[:, :, start:end].contiguous(), k[:, :, :end].contiguous(), v[:, :, :end].contiguous())
-            outs.append(o)
-            cols[..., :end] += col
+        outs, cols = prefill_in_chunks(c, q, k, v, chunk)
     out, col = h2o(q, k, v)
-    torch.testing.assert_close(torch.cat(outs, dim=2), out, rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(outs, out, rtol=2e-5, atol=2e-5)
     torch.testing.assert_close(cols, col, rtol=2e-5, atol=2e-5)
     assert c.cache_info()["generic"] == 1
 
