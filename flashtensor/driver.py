@@ -68,7 +68,7 @@ class Call:
 
     def sizes(self, g: Graph) -> dict[str, int]:
         """The values of g's size symbols in this call."""
-        return {name: self.example[i].shape[d] for name, (i, d) in g.size_sources.items()}
+        return sizes.values(g.size_sources, self.example)
 
 
 # ---- the stages ----------------------------------------------------------------------------------------------
@@ -368,8 +368,7 @@ def _plan(plan: Plan, call: Call, args: list[Any], use_cache: bool, price: Calla
 
 def _admits(entry: dict, call: Call) -> bool:
     """Whether a cached entry's guards hold at the call's sizes (a static entry's key holds its shapes)."""
-    at = {name: call.example[i].shape[d] for name, (i, d) in entry.get("sizes", {}).items()}
-    return sizes.holds(entry.get("guards", "True"), at)
+    return sizes.holds(entry.get("guards", "True"), sizes.values(entry.get("sizes", {}), call.example))
 
 
 def _search(plan: Plan, call: Call) -> tuple[dict, bool]:

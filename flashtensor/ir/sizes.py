@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import sympy
 import torch
@@ -158,6 +158,11 @@ _GUARD = {**_PY, "Abs": "abs({0})", "Not": "(not {0})", "TruncToInt": "int({0})"
 def guards(env: Any) -> str:
     """The ShapeEnv's guards as one Python expression of the size symbols (`holds` evaluates it on a call)."""
     return " and ".join(f"({_print(g.expr, _GUARD)})" for g in env.guards) or "True"
+
+
+def values(sources: Mapping[str, tuple[int, int]], tensors: Sequence[Any]) -> dict[str, int]:
+    """Each size symbol's value in a call: the size of the (input, dimension) its `sources` entry names."""
+    return {name: tensors[i].shape[d] for name, (i, d) in sources.items()}
 
 
 def holds(src: str, sizes: Mapping[str, int]) -> bool:

@@ -16,7 +16,7 @@ import torch
 
 from ..codegen.artifact import KernelSource, decode_kernel
 from ..ir.graph import Graph, Node
-from ..ir.sizes import holds
+from ..ir.sizes import holds, values
 from .launch import Launch, load_kernel, run_kernels
 from .remainder import Remainder
 
@@ -86,7 +86,7 @@ class Program:
         return bool(self.size_sources)
 
     def sizes(self, tensors: Sequence[torch.Tensor]) -> dict[str, int]:
-        return {name: tensors[i].shape[d] for name, (i, d) in self.size_sources.items()}
+        return values(self.size_sources, tensors)
 
     def fits(self, args: Sequence[Any]) -> bool:
         """Whether the call's sizes are those a shape-generic plan holds constant and satisfy its guards (a static
