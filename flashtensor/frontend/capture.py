@@ -62,7 +62,9 @@ def trace(fn: Callable, args: Sequence[torch.Tensor], dynamic: frozenset[tuple[i
                 # functionalized: an in-place write (`s[..., :5, :] = -inf`) becomes a new value that later reads
                 # see, where the IR's pure nodes would otherwise keep reading the value from before the write
                 functional = torch.func.functionalize(wrapped, remove="mutations")
-                gm = (_symbolic_trace(functional, args, dynamic) if dynamic else None) or \
+                symbolic = _symbolic_trace(functional, args, dynamic) if dynamic else None
+                # static: asked so, or the trace fixed every size it tried
+                gm = symbolic if symbolic is not None else \
                     make_fx(functional, tracing_mode="fake", _allow_non_fake_inputs=True)(*args)
             except EagerOnly:
                 raise
