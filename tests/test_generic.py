@@ -483,3 +483,30 @@ def test_a_length_the_trace_fixes_is_traced_static():
     assert not [w for w in warned if issubclass(w.category, ft.FallbackWarning)], [str(w.message) for w in warned]
     info = c.cache_info()
     assert info["searches"] == 3 and info["generic"] == 1 and info["hits"] == 1, info
+
+
+def _noise_scores(q, k, v, noise):
+    """Keyformer's Gumbel-perturbed column sums: a (B, H, S, S) noise input, the largest tensor a kernel indexes."""
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    return F.softmax(s, dim=-1) @ v, F.softmax(s - noise.log(), dim=-1).sum(dim=-2)
+
+
+def test_offsets_past_int32_widen_or_refuse_the_plan():
+    """A batch or head index times its stride passes 2**31 (the noise of 4 heads at 28K tokens): the program's own
+    indices are int64 in every kernel. Within one head a tile offset passes 2**31 only past 46341 tokens: the
+    generic plan says it does not fit there (a call then plans for its shape), and an exact plan's kernels index
+    in int64 where its shapes need it."""
+    fn = _noise_scores
+    c = ft.compile(fn, dynamic=True, cache=False)
+    for k, s in enumerate((40, 72)):
+        q, kk, v = _inputs(1, 2, s, s, seed=k)
+        noise = torch.rand(1, 2, s, s, generator=torch.Generator().manual_seed(k)) + 0.01
+        _check(fn, c, [q, kk, v, noise], tol=2e-4)
+    (prog,) = [p for ps in c.generic.values() for p in ps]
+    src = "\n".join(k.source for k in prog.kernels)
+    assert "tl.cast(i_" in src and ", tl.int64)" in src      # scalar indices widened before they scale
+
+    def meta(s, h=4):
+        return [torch.empty(1, h, s, 16, device="meta")] * 3 + [torch.empty(1, h, s, s, device="meta")]
+    assert prog.fits(meta(28694)) and prog.fits(meta(46340))
+    assert not prog.fits(meta(46341))      # 46341**2 > 2**31: one head's S x S noise, int32 tiles

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -39,6 +39,7 @@ class Prologue:
     grid: tuple[Any]
     num_warps: int
     sizes: list[str] = field(default_factory=list)
+    limits: list[str] = field(default_factory=list)     # size expressions that must stay below 2**31 (see below)
 
 
 @dataclass
@@ -57,6 +58,15 @@ class KernelSource:
     prologues: list[Prologue] = field(default_factory=list)     # launched before it, in order
     splits: Any = 1                # programs per row tile, each over a piece of the loop (a size expression)
     combine: Optional[Prologue] = None     # launched after it where the loop is split: merges the pieces
+    # in a shape-generic kernel, the reach of its int32 tile offsets (codegen/tiles.Tiles.offset), as size
+    # expressions a call's sizes must keep below 2**31
+    limits: list[str] = field(default_factory=list)
+
+    @property
+    def reaches(self) -> list[str]:
+        """The limits of the kernel and of its companions."""
+        companions = self.prologues + ([self.combine] if self.combine else [])
+        return list(dict.fromkeys(self.limits + [x for p in companions for x in p.limits]))
 
     @property
     def config(self) -> str:
@@ -64,6 +74,16 @@ class KernelSource:
         ways = f"{self.splits} ways" if isinstance(self.splits, int) else "as the call's sizes say"
         split = f", loop split {ways}" if self.combine else ""
         return f"blocks {self.blocks}, {self.num_warps} warps, {self.num_stages} stages{split}"
+
+
+INT32_REACH = 2 ** 31
+"""Element offsets below it fit the int32 of a tile's indices."""
+
+
+def jit(sizes: Sequence[str]) -> str:
+    """The decorator line of a generated kernel. Its size arguments are not specialised on alignment: Triton would
+    otherwise compile the kernel again for the lengths that 16 divides, seconds on a call that should only launch."""
+    return f"@triton.jit(do_not_specialize_on_alignment={list(sizes)!r})" if sizes else "@triton.jit"
 
 
 def plain_shape(b: Buffer) -> Buffer:

@@ -13,8 +13,8 @@ from typing import Any, Optional, Sequence
 import torch
 
 from ..analysis.facts import IDENTITY, exact_sum
-from ..ir.loops import LNode, LOutput, Var, outside, read_input
-from ..ir.sizes import source
+from ..ir.loops import Affine, LNode, LOutput, Var, outside, read_input
+from ..ir.sizes import source, times
 from ..schedule.schedule import Factor, ScheduleError
 from . import check, forms
 from .body import Body
@@ -67,7 +67,7 @@ class Emitter(Tiles):
             shape, dtype = self.inputs[n.attrs["input"]]
             buf = self.buffer(("in", n.attrs["input"]), shape, dtype, "input")
             strides = contig(shape)
-            off = " + ".join(f"{self.affine(e, tv)} * {source(st)}" for e, st in zip(n.attrs["index"], strides)) or "0"
+            off = self.offset(zip(n.attrs["index"], strides), tv)
             mask = self.load_mask(n, tv)
             lines.append(f"{out}_raw = tl.load({buf} + {off}" + (f", mask={mask}, other=0)" if mask else ")"))
             if self.checks.get(n.attrs["input"], (None,))[0] is n:
@@ -250,7 +250,7 @@ class Emitter(Tiles):
             if not set(r.vars) <= set(strides):
                 raise ScheduleError("an output is broadcast along a variable its value does not depend on")
         dtype = self.bufs[r if out is None else out].dtype
-        off = " + ".join(f"{self.idx(v, tv)} * {source(strides[v])}" for v in r.vars) or "0"
+        off = self.offset(((Affine.of(v), strides[v]) for v in r.vars), tv)
         mask = self.range_mask(tv)
         val = e if tv or e.isidentifier() else f"tl.full([], {e}, tl.float32)"
         val = f"{val}.to({TL[dtype]})"
@@ -263,7 +263,7 @@ class Emitter(Tiles):
         for v in (v for v in strides if v not in r.vars):
             ctx.lines.append(f"{indent}for r_{v} in range({source(v.extent)}):")
             indent += "    "
-            off += f" + r_{v} * {source(strides[v])}"
+            off += " + " + times(f"tl.cast(r_{v}, tl.int64)", strides[v])
         ctx.lines.append(f"{indent}tl.store({buf} + {off}, {val}" + (f", mask={mask})" if mask else ")"))
 
     def store_roots(self, cache: dict) -> list[str]:

@@ -9,7 +9,7 @@ from ..ir.sizes import ceildiv, python
 from ..options import TileConfig
 from ..schedule.schedule import ScheduleError
 from . import check, loop, ranges, split
-from .artifact import HELPERS_MODULE, KernelSource, plain_shape
+from .artifact import HELPERS_MODULE, KernelSource, jit, plain_shape
 from .body import Body
 from .emitter import Emitter
 from .lower import lit
@@ -89,9 +89,9 @@ def emit_kernel(spec: KernelSpec, cfg: TileConfig) -> KernelSource:
     pre_src, pre = ranges.prologues(spec, cfg)
     comb_src, comb = split.combine(spec, cfg, ntiles, grid1, em.splits) if em.split else ("", None)
     src = "import triton\nimport triton.language as tl\n\n" + \
-        f"from {HELPERS_MODULE} import {', '.join(HELPERS)}\n\n\n@triton.jit\n" + "\n".join(lines) + "\n" + pre_src + \
-        comb_src
+        f"from {HELPERS_MODULE} import {', '.join(HELPERS)}\n\n\n{jit(size_args)}\n" + "\n".join(lines) + "\n" + \
+        pre_src + comb_src
     blocks = {str(v): em.blk[v] for v in em.blk}
     return KernelSource(spec.name, src, [plain_shape(b) for b in buffers], (python(programs),), cfg.num_warps,
                         cfg.num_stages, blocks, bool(s.skip or s.special or s.runtime), c.slots > 0,
-                        spec.fixup_programs, size_args, pre, python(em.splits), comb)
+                        spec.fixup_programs, size_args, pre, python(em.splits), comb, sorted(set(em.limits)))

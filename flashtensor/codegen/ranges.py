@@ -26,7 +26,7 @@ from ..analysis.facts import Region
 from ..ir.loops import Affine, LNode, Var
 from ..ir.sizes import Size, ceildiv, python, source
 from ..options import TileConfig
-from .artifact import Prologue
+from .artifact import Prologue, jit
 from .body import Body
 from .emitter import Emitter
 from .lower import pow2
@@ -68,9 +68,9 @@ def prologues(spec: KernelSpec, cfg: TileConfig) -> tuple[str, list[Prologue]]:
     for em, name, body, grid in made:
         bufs = [dataclasses.replace(b, shape=tuple(python(d) for d in b.shape)) for b in em.bufs.values()]
         head = f"def {name}({', '.join([b.name for b in bufs] + sizes)}, PDL: tl.constexpr):"
-        src += "\n\n@triton.jit\n" + "\n".join([head, "    if PDL:", "        _after_prior()"] +
+        src += f"\n\n{jit(sizes)}\n" + "\n".join([head, "    if PDL:", "        _after_prior()"] +
                                                 ["    " + ln for ln in body]) + "\n"
-        out.append(Prologue(name, bufs, (python(grid),), WARPS, sizes))
+        out.append(Prologue(name, bufs, (python(grid),), WARPS, sizes, em.limits))
     return src, out
 
 

@@ -8,16 +8,16 @@ the local forms (forms.py) and the finite check (check.py) can ask for operands 
 from __future__ import annotations
 
 import abc
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import torch
 
 from ..analysis import precision
 from ..ir.loops import Affine, LNode, Var
-from ..ir.sizes import Size, pow2_bucket, source, symbolic, value
+from ..ir.sizes import Size, hint, pow2_bucket, python, source, symbolic, times, value
 from ..options import TileConfig
 from ..schedule.schedule import Schedule, ScheduleError, contraction, factorize
-from .artifact import Buffer
+from .artifact import INT32_REACH, Buffer
 from .body import Body
 from .lower import HALF, contig, pow2, round_to
 from .spec import KernelSpec
@@ -56,6 +56,7 @@ class Tiles(abc.ABC):
         self.narrowed: dict[int, torch.dtype] = dict(spec.check.narrowed)   # inputs the check tests as cast
         self.carriers: dict[str, list[Var]] = {}   # sum accumulators that took in a check (see loop.py)
         self.splits: Size = 1       # programs per row tile, each over a piece of the loop (split.py)
+        self.limits: list[str] = []     # the tile offsets' reach in a shape-generic kernel (see `offset`)
 
     @property
     def split(self) -> bool:
@@ -77,8 +78,12 @@ class Tiles(abc.ABC):
     def tvars(self, n: LNode) -> list[Var]:
         return self.s.tile_vars(n)
 
+    def scalar(self, v: Var) -> bool:
+        """Whether v's index is one number per program (a batch entry, a stepped loop's position)."""
+        return v in self.s.batch or (self.s.stepped and v is self.s.loop)
+
     def idx(self, v: Var, tv: list[Var]) -> str:
-        if v in self.s.batch or (self.s.stepped and v is self.s.loop):
+        if self.scalar(v):
             return f"i_{v}"
         if len(tv) <= 1:
             return f"o_{v}"
@@ -97,6 +102,30 @@ class Tiles(abc.ABC):
         if symbolic(e.const) or e.const or not parts:
             parts.append(source(e.const))
         return "(" + " + ".join(parts) + ")"
+
+    def offset(self, parts: Iterable[tuple[Affine, Size]], tv: list[Var]) -> str:
+        """The element offset, the sum of index * stride over `parts`, of a load or store over this tile. The
+        program's own (scalar) indices are taken to int64 before they scale, so a tensor past 2**31 elements is
+        addressed right at no cost per element, and come first: `buf + scalars` is one pointer that the tile's
+        int32 vectors then offset. Those vectors widen too where their reach within that slice passes int32; in a
+        shape-generic kernel the reach is a size expression, kept in `limits` for the plan to check per call."""
+        coef: dict[Var, Any] = {}
+        const: Any = 0
+        for e, st in parts:
+            for v, c in e.terms:
+                coef[v] = coef.get(v, 0) + c * st
+            const = const + e.const * st
+        vector = [v for v in coef if not self.scalar(v)]
+        reach = sum((c * (v.extent - 1) for v, c in coef.items()
+                     if v in vector and (symbolic(c) or c > 0)), const)
+        if symbolic(reach):
+            self.limits.append(str(python(reach)))
+        wide = not symbolic(reach) and hint(reach) >= INT32_REACH
+        terms = [times(f"tl.cast({self.idx(v, tv)}, tl.int64)", coef[v]) for v in coef if self.scalar(v)]
+        terms += [times(f"{self.idx(v, tv)}.to(tl.int64)" if wide else self.idx(v, tv), coef[v]) for v in vector]
+        if symbolic(const) or const:
+            terms.append(source(const))
+        return " + ".join(terms) or "0"
 
     def partial(self, v: Var) -> bool:
         """Whether some tile of v reaches past its extent."""
@@ -120,7 +149,7 @@ class Tiles(abc.ABC):
         """Load an earlier kernel's value of n over this tile."""
         tv = self.tvars(n)
         buf, strides = self.intermediate(n, written=False)
-        off = " + ".join(f"{self.idx(v, tv)} * {source(st)}" for v, st in strides.items()) or "0"
+        off = self.offset(((Affine.of(v), st) for v, st in strides.items()), tv)
         mask = self.range_mask(tv)
         lines.append(f"{out} = tl.load({buf} + {off}" + (f", mask={mask}, other=0)" if mask else ")"))
         return out

@@ -135,6 +135,14 @@ def source(x: Any) -> str:
     return _print(expr(x), _FUNCS)
 
 
+def times(index: str, x: Any) -> str:
+    """`index * x` as Triton source, multiplied factor by factor: an int64 index keeps every partial product in
+    int64, where x's own product over the int32 size arguments could pass 2**31."""
+    if symbolic(x) and expr(x).is_Mul:
+        return " * ".join([index] + [_print(a, _FUNCS) for a in expr(x).args])
+    return index if not symbolic(x) and hint(x) == 1 else f"{index} * {source(x)}"
+
+
 def python(x: Any) -> int | str:
     """A static size as it is, a symbolic one as a Python expression of the size symbols (`evaluate` runs it)."""
     return _print(expr(x), _PY) if symbolic(x) else hint(x)

@@ -14,9 +14,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..codegen.artifact import KernelSource, decode_kernel
+from ..codegen.artifact import INT32_REACH, KernelSource, decode_kernel
 from ..ir.graph import Graph, Node
-from ..ir.sizes import holds, values
+from ..ir.sizes import evaluate, holds, values
 from .launch import Launch, load_kernel, run_kernels
 from .remainder import Remainder
 
@@ -79,6 +79,8 @@ class Program:
         self.guards: str = plan.entry.get("guards", "True")
         self.static: list[tuple[int, int, int]] = plan.entry.get("static", [])
         self.bucket: tuple = tuple(tuple(b) for b in plan.entry.get("bucket", ()))   # the tuned bucket
+        # the int32 tile offsets' reach, all kernels' in one expression (evaluated on each call)
+        self.reach = f"max([{', '.join(dict.fromkeys(x for k in self.kernels for x in k.reaches))}], default=0)"
 
     @property
     def generic(self) -> bool:
@@ -89,13 +91,15 @@ class Program:
         return values(self.size_sources, tensors)
 
     def fits(self, args: Sequence[Any]) -> bool:
-        """Whether the call's sizes are those a shape-generic plan holds constant and satisfy its guards (a static
-        one fits its key)."""
+        """Whether the call's sizes are those a shape-generic plan holds constant, satisfy its guards and keep its
+        kernels' int32 tile offsets in range (a static one fits its key)."""
         if not self.generic:
             return True
         tensors = [args[i] for i in self.tensor_positions]
-        return (all(tensors[i].shape[d] == n for i, d, n in self.static)
-                and holds(self.guards, self.sizes(tensors)))
+        if not all(tensors[i].shape[d] == n for i, d, n in self.static):
+            return False
+        now = self.sizes(tensors)
+        return holds(self.guards, now) and evaluate(self.reach, now) < INT32_REACH
 
     @property
     def notes(self) -> list[str]:
