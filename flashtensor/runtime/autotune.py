@@ -14,7 +14,7 @@ from .. import knobs
 from ..codegen.kernel import emit_kernel
 from ..codegen.spec import KernelSpec
 from ..options import TileConfig
-from .launch import Launch, allocate, load_kernel
+from .launch import Launch, load_kernel
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def tune(spec: KernelSpec, configs: Sequence[TileConfig], buffers: dict, device:
             continue
         seen.add(key)
         la = Launch(src, load_kernel(src))
-        allocate(src, buffers, device)
+        la.allocate(buffers, device)
         if len(configs) == 1:
             log.debug("autotune %s: one candidate on %s, config %s", src.name, device, cfg)
             return la

@@ -7,13 +7,13 @@ import importlib.util
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
 from .. import knobs
-from ..codegen.artifact import FINITE, KernelSource
-from ..ir.sizes import evaluate
+from ..codegen.artifact import FINITE, Buffer, KernelSource
+from ..ir.sizes import evaluator
 
 SIZES = ("sizes",)     # buffer key of the size symbols' values
 
@@ -50,24 +50,51 @@ class Launch:
         the device has them, which may start while the plan's kernel before it on the stream finishes (its
         programs first wait for that kernel's writes): the launch gap between a plan's kernels goes. Only
         the plan's own kernels after its first are launched so; any kernel's wait is a no-op otherwise."""
+        src = self.source
         sizes = buffers.get(SIZES, {})
-        args = [buffers[b.source] for b in self.source.buffers] + [sizes[n] for n in self.source.sizes]
-        tiles = evaluate(self.source.grid[0], sizes)
-        grid = (min(tiles, self.source.fixup_programs),) if fixup else (tiles,)
+        tiles, splits, merged, *before = self._grids(sizes)
+        args = [buffers[b.source] for b in src.buffers] + [sizes[n] for n in src.sizes]
+        grid = (min(tiles, src.fixup_programs),) if fixup else (tiles,)
         pdl = _dependent_launch(args[0].device)     # the code waits, and lets the next kernel launch early
         if not fixup:       # the fixup pass computes every tile: it reads no run-time range
-            for p, fn in zip(self.source.prologues, self.prologues):
-                fn[(evaluate(p.grid[0], sizes),)](*[buffers[b.source] for b in p.buffers], *[sizes[n] for n in p.sizes],
-                                                  PDL=pdl, launch_pdl=pdl and after_prior, num_warps=p.num_warps)
+            for p, fn, n in zip(src.prologues, self.prologues, before):
+                fn[(n,)](*[buffers[b.source] for b in p.buffers], *[sizes[x] for x in p.sizes],
+                         PDL=pdl, launch_pdl=pdl and after_prior, num_warps=p.num_warps)
                 after_prior = True
         self.fn[grid](*args, MODE=int(fixup), PDL=pdl, launch_pdl=pdl and after_prior,
-                      num_warps=self.source.num_warps, num_stages=self.source.num_stages)
-        c = self.source.combine
+                      num_warps=src.num_warps, num_stages=src.num_stages)
+        c = src.combine
         # a split loop's pieces merged, in the fixup pass too (after it recomputed them); one piece stored the results
-        if c is not None and evaluate(self.source.splits, sizes) != 1:
-            self.combine[(evaluate(c.grid[0], sizes),)](*[buffers[b.source] for b in c.buffers],
-                                                        *[sizes[n] for n in c.sizes], MODE=int(fixup), PDL=pdl,
-                                                        launch_pdl=pdl, num_warps=c.num_warps)
+        if c is not None and splits != 1:
+            self.combine[(merged,)](*[buffers[b.source] for b in c.buffers], *[sizes[x] for x in c.sizes],
+                                    MODE=int(fixup), PDL=pdl, launch_pdl=pdl, num_warps=c.num_warps)
+
+    def allocate(self, buffers: dict, device: torch.device) -> None:
+        """Create the outputs, intermediates and the (zeroed) finite-check flag this kernel and its companions
+        use that `buffers` does not hold yet."""
+        shapes = self._shapes(buffers.get(SIZES, {}))
+        for b, shape in zip(self._buffers, shapes):
+            if b.source == FINITE and FINITE not in buffers:
+                buffers[FINITE] = torch.zeros(shape, dtype=b.dtype, device=device)
+            elif b.source not in buffers:
+                buffers[b.source] = torch.empty(shape, dtype=b.dtype, device=device)
+
+    @functools.cached_property
+    def _buffers(self) -> list[Buffer]:
+        companions = self.source.prologues + ([self.source.combine] if self.source.combine else [])
+        return self.source.buffers + [b for p in companions for b in p.buffers]
+
+    @functools.cached_property
+    def _shapes(self) -> Callable[[Mapping[str, int]], tuple]:
+        """Every buffer's shape at a call's sizes, in one evaluation."""
+        return evaluator([f"({''.join(f'{d}, ' for d in b.shape)})" for b in self._buffers])
+
+    @functools.cached_property
+    def _grids(self) -> Callable[[Mapping[str, int]], tuple]:
+        """The kernel's programs, its split count, the combine's programs and each prologue's, in one evaluation."""
+        src = self.source
+        return evaluator([src.grid[0], src.splits, src.combine.grid[0] if src.combine else 1] +
+                         [p.grid[0] for p in src.prologues])
 
     @functools.cached_property
     def prologues(self) -> list[Any]:
@@ -93,25 +120,13 @@ def input_buffers(inputs: Sequence[torch.Tensor], sizes: Optional[dict[str, int]
     return bufs
 
 
-def allocate(source: KernelSource, buffers: dict, device: torch.device) -> None:
-    """Create the outputs, intermediates and the (zeroed) finite-check flag `source` uses that `buffers`
-    does not hold yet."""
-    sizes = buffers.get(SIZES, {})
-    companions = source.prologues + ([source.combine] if source.combine else [])
-    for b in source.buffers + [b for p in companions for b in p.buffers]:
-        if b.source == FINITE and FINITE not in buffers:
-            buffers[FINITE] = torch.zeros(b.shape, dtype=b.dtype, device=device)
-        elif b.source not in buffers:
-            buffers[b.source] = torch.empty([evaluate(d, sizes) for d in b.shape], dtype=b.dtype, device=device)
-
-
 def run_kernels(launches: Sequence[Launch], inputs: Sequence[torch.Tensor], device: torch.device,
                 sizes: Optional[dict[str, int]] = None) -> dict:
     """Allocate intermediates and outputs, launch every kernel, then the fixup pass where the plan has one
     (it returns at once unless an input was not finite); returns all buffers by key."""
     buffers = input_buffers(inputs, sizes)
     for la in launches:
-        allocate(la.source, buffers, device)
+        la.allocate(buffers, device)
     for k, la in enumerate(launches):
         la(buffers, after_prior=k > 0)
     for la in launches:
