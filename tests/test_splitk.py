@@ -232,3 +232,23 @@ def test_the_sizes_choose_decode_splits_on_the_h200(sq, sk, split):
     assert (row.splits != 1) == split and col.splits == 1, (row.splits, col.splits)
     if split:
         assert row.grid[0] * 4 >= 528 and row.combine is not None, row.grid
+
+
+@pytest.mark.unit
+def test_configurations_that_split_differently_get_their_own_scratch():
+    """The tuner runs every configuration on one set of buffers, allocated by the first that needs each key. At
+    decode's shapes with 2K keys the loop block decides the count (64-key tiles: 8 pieces of 4, 32-key tiles: 16),
+    so the pieces' scratch buffers must differ by count: a shared one sized for 8 pieces took 16 (out of bounds
+    on the GPU)."""
+    from flashtensor import driver
+    from flashtensor.codegen.kernel import emit_kernel
+    from flashtensor.options import CONFIGS
+
+    q, k = (torch.empty(1, 32, n, 128, dtype=torch.float16, device="meta") for n in (4, 2048))
+    (_, plan), *_ = driver.candidate_plans(attention, [q, k, k.clone()])
+    (spec,) = plan.stages["emit"][0]
+    wide, narrow = (emit_kernel(spec, c) for c in (CONFIGS[0], CONFIGS[4]))     # 64- and 32-key loop tiles
+    assert (wide.splits, narrow.splits) == (8, 16), (wide.splits, narrow.splits)
+    scratch = {k.splits: {b.source: b.shape for b in k.buffers if b.source[0] == "split"} for k in (wide, narrow)}
+    assert scratch[8] and scratch[16] and not set(scratch[8]) & set(scratch[16]), scratch
+    assert all(shape[0] == n for n, bufs in scratch.items() for shape in bufs.values())

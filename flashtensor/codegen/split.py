@@ -70,7 +70,9 @@ def _partial(em: Tiles, a: Accum, piece: str, written: bool) -> tuple[str, str]:
     n = a.node
     shape = [v.extent for v in n.vars]
     dtype = torch.int32 if a.kind == "any" else torch.float32
-    buf = em.buffer(("split", em.spec.name, n.name), [em.splits, *shape], dtype, "intermediate", written)
+    # keyed by the count too: the tuner's configurations share one buffer per key and may split differently
+    buf = em.buffer(("split", em.spec.name, n.name, str(python(em.splits))), [em.splits, *shape], dtype,
+                    "intermediate", written)
     tv = em.tvars(n)
     numel = 1
     for d in shape:
