@@ -39,7 +39,7 @@ from .options import Options
 from .partition.fusable import eager_handoff, fusable_part
 from .partition.plan import KernelPlan, PartitionError, check_boundaries, partitions
 from .runtime import cache as plan_cache
-from .runtime.autotune import median_ms, timed, tune
+from .runtime.autotune import compile_all, median_ms, timed, tune
 from .runtime.launch import Launch, input_buffers
 from .runtime.plan import Plan, Program
 from .runtime.remainder import compiles_remainder
@@ -172,8 +172,8 @@ def _tune(plan: Plan, call: Call) -> tuple[int, list[Launch]]:
     for i, (c, kernels) in enumerate(specs.items()):
         launches = []
         for k, spec in enumerate(kernels):
-            la = tune(spec, call.options.configs, bufs, call.device)
-            la(bufs)
+            la = tune(spec, call.options.configs, bufs, call.device, after_prior=k > 0)
+            la(bufs, after_prior=k > 0)
             log.debug("kernel %d source:\n%s", k, la.source.source)
             progress.info("partition %d/%d, kernel %d/%d: %s, %.1f s", i + 1, offered, k + 1, len(kernels),
                           _tuned(la), time.perf_counter() - start)
@@ -183,9 +183,16 @@ def _tune(plan: Plan, call: Call) -> tuple[int, list[Launch]]:
         if best is None or total < best[0]:
             best = (total, c, launches)
     assert best is not None
+    _compile_fixups(best[2], bufs, call.device)
     progress.info("chose %d kernel(s)%s, planned in %.1f s", len(best[2]),
                   f", {best[0]:.3f} ms" if best[0] else "", time.perf_counter() - start)
     return best[1], best[2]
+
+
+def _compile_fixups(launches: list[Launch], bufs: dict, device: torch.device) -> None:
+    """The chosen kernels' fixup passes compiled side by side (on a GPU), before the plan's first run needs them."""
+    if timed(device):
+        compile_all([(la, bufs, True, True) for la in launches if la.source.fixup])
 
 
 FRONT: list[tuple[str, Callable[[Plan, Call], Any]]] = [
@@ -259,10 +266,11 @@ def retune(prog: Program, args: list[Any], options: Options) -> Optional[Program
     chosen = plan.stages["tune"][0]
     bufs = input_buffers(tensors + prog.consts, now)
     launches = []
-    for spec in plan.stages["emit"][chosen]:
-        la = tune(dataclasses.replace(spec, sizes=now), options.configs, bufs, prog.device)
-        la(bufs)
+    for k, spec in enumerate(plan.stages["emit"][chosen]):
+        la = tune(dataclasses.replace(spec, sizes=now), options.configs, bufs, prog.device, after_prior=k > 0)
+        la(bufs, after_prior=k > 0)
         launches.append(la)
+    _compile_fixups(launches, bufs, prog.device)
     if len(env.guards) != guards:
         log.debug("emitting for bucket %s specialised a size; planning anew", sizes.bucket(now))
         return None

@@ -11,6 +11,7 @@ user's `os.environ[...] = ...` before the first compile takes effect; `override`
 | FLASHTENSOR_CACHE=0 | cache | neither read nor write the on-disk plan cache |
 | FLASHTENSOR_DEBUG=1 | debug | log every stage and decision to stderr (read at import) |
 | FLASHTENSOR_PROGRESS=1/0 | progress | one line per tuned kernel; default: when stderr is a terminal |
+| FLASHTENSOR_COMPILE_THREADS | compile_threads | kernels the tuner compiles at once (default: the cores, 16 at most) |
 """
 from __future__ import annotations
 
@@ -56,10 +57,15 @@ def progress() -> bool:
     return bool(_get("progress", setting == "1" or (setting == "" and sys.stderr.isatty())))
 
 
+def compile_threads() -> int:
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return int(_get("compile_threads", os.environ.get("FLASHTENSOR_COMPILE_THREADS", min(16, usable))))
+
+
 @contextlib.contextmanager
 def override(**values: Any) -> Iterator[None]:
-    """Set knobs (interpret, cache_dir, cache, debug, progress) for the block; nests."""
-    unknown = set(values) - {"interpret", "cache_dir", "cache", "debug", "progress"}
+    """Set knobs (interpret, cache_dir, cache, debug, progress, compile_threads) for the block; nests."""
+    unknown = set(values) - {"interpret", "cache_dir", "cache", "debug", "progress", "compile_threads"}
     if unknown:
         raise TypeError(f"unknown knob(s): {', '.join(sorted(unknown))}")
     _overrides.append(values)

@@ -6,7 +6,8 @@ kernels before it produced. On the CPU (Triton's interpreter) the first config i
 from __future__ import annotations
 
 import logging
-from typing import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -29,31 +30,35 @@ def timed(device: torch.device) -> bool:
     return device.type == "cuda" and not knobs.interpret()
 
 
-def tune(spec: KernelSpec, configs: Sequence[TileConfig], buffers: dict, device: torch.device) -> Launch:
+def tune(spec: KernelSpec, configs: Sequence[TileConfig], buffers: dict, device: torch.device,
+         after_prior: bool = False) -> Launch:
     """Best Launch among `configs` for one kernel; `buffers` holds inputs and earlier kernels' results
-    and receives this kernel's outputs."""
+    and receives this kernel's outputs. Each candidate is timed as the plan launches it (`after_prior`: after
+    another of the plan's kernels, Launch.__call__), so the plan's run compiles no variant of its own."""
     configs = list(configs) if timed(device) else list(configs[:1])
-    best, best_ms = None, float("inf")
-    seen = set()
+    candidates: dict[tuple, Launch] = {}
     for cfg in configs:
         src = emit_kernel(spec, cfg)
         key = (src.source, src.num_warps, src.num_stages)    # warps and stages are not in the source
-        if key in seen:
+        if key in candidates:
             log.debug("autotune %s: config %s gives the same kernel as an earlier one, skipped", src.name, cfg)
             continue
-        seen.add(key)
-        la = Launch(src, load_kernel(src))
+        candidates[key] = la = Launch(src, load_kernel(src))
         la.allocate(buffers, device)
-        if len(configs) == 1:
-            log.debug("autotune %s: one candidate on %s, config %s", src.name, device, cfg)
-            return la
+    if len(candidates) == 1:
+        log.debug("autotune %s: one candidate on %s", spec.name, device)
+        return next(iter(candidates.values()))
+    compile_all([(la, buffers, False, after_prior) for la in candidates.values()])
+    best, best_ms = None, float("inf")
+    for la in candidates.values():
         try:
             import triton.testing
-            ms = triton.testing.do_bench(lambda: la(buffers), warmup=5, rep=20, return_mode="median")
+            ms = triton.testing.do_bench(lambda: la(buffers, after_prior=after_prior), warmup=5, rep=20,
+                                         return_mode="median")
         except Exception as e:  # a config the device cannot run (shared memory, registers): skip it
-            log.debug("autotune %s: config %s failed: %s: %s", src.name, cfg, type(e).__name__, e)
+            log.debug("autotune %s: config %s failed: %s: %s", la.source.name, la.source.config, type(e).__name__, e)
             continue
-        log.debug("autotune %s: config %s (blocks %s) %.4f ms", src.name, cfg, src.blocks, ms)
+        log.debug("autotune %s: config %s %.4f ms", la.source.name, la.source.config, ms)
         if ms < best_ms:
             best, best_ms = la, ms
     if best is None:
@@ -62,6 +67,24 @@ def tune(spec: KernelSpec, configs: Sequence[TileConfig], buffers: dict, device:
               best.source.num_warps, best.source.num_stages, best_ms)
     best.ms = best_ms
     return best
+
+
+def compile_all(jobs: Sequence[tuple[Launch, dict, bool, bool]]) -> None:
+    """Compile each (launch, buffers, fixup, after_prior) as that call would, side by side in threads (Triton's
+    compiler spends its time in native passes and in ptxas, a subprocess). A failure is left to the launch that
+    follows, which raises it where the caller handles it (the tuner skips that configuration)."""
+    with ThreadPoolExecutor(max(1, min(len(jobs), knobs.compile_threads()))) as pool:
+        for job, done in zip(jobs, pool.map(lambda j: _compiled(*j), jobs)):
+            if done is not None:
+                log.debug("autotune %s: compiling failed: %s", job[0].source.name, done)
+
+
+def _compiled(la: Launch, buffers: dict, fixup: bool, after_prior: bool) -> Optional[str]:
+    try:
+        la.compile(buffers, fixup, after_prior)
+    except Exception as e:  # noqa: BLE001 - reported where the launch raises it again
+        return f"{type(e).__name__}: {e}"
+    return None
 
 
 def median_ms(f: Callable[[], object]) -> float:

@@ -50,24 +50,37 @@ class Launch:
         the device has them, which may start while the plan's kernel before it on the stream finishes (its
         programs first wait for that kernel's writes): the launch gap between a plan's kernels goes. Only
         the plan's own kernels after its first are launched so; any kernel's wait is a no-op otherwise."""
+        for fn, grid, args, options in self.steps(buffers, fixup, after_prior):
+            fn[grid](*args, **options)
+
+    def compile(self, buffers: dict, fixup: bool = False, after_prior: bool = False) -> None:
+        """Compile what the same call would launch, launching nothing (Triton's warmup): the tuner compiles its
+        candidates side by side before it times them one by one."""
+        for fn, grid, args, options in self.steps(buffers, fixup, after_prior):
+            fn.warmup(*args, grid=grid, **options)
+
+    def steps(self, buffers: dict, fixup: bool, after_prior: bool) -> list[tuple[Any, tuple[int], list, dict]]:
+        """The launches of one call, in order, as (function, grid, arguments, options): the pre-passes (not in the
+        fixup pass, which computes every tile and reads no run-time range), the kernel, and the combine of a split
+        loop (in the fixup pass too, after it recomputed the pieces; none where the count comes to 1)."""
         src = self.source
         sizes = buffers.get(SIZES, {})
         tiles, splits, merged, *before = self._grids(sizes)
         args = [buffers[b.source] for b in src.buffers] + [sizes[n] for n in src.sizes]
-        grid = (min(tiles, src.fixup_programs),) if fixup else (tiles,)
         pdl = _dependent_launch(args[0].device)     # the code waits, and lets the next kernel launch early
-        if not fixup:       # the fixup pass computes every tile: it reads no run-time range
-            for p, fn, n in zip(src.prologues, self.prologues, before):
-                fn[(n,)](*[buffers[b.source] for b in p.buffers], *[sizes[x] for x in p.sizes],
-                         PDL=pdl, launch_pdl=pdl and after_prior, num_warps=p.num_warps)
-                after_prior = True
-        self.fn[grid](*args, MODE=int(fixup), PDL=pdl, launch_pdl=pdl and after_prior,
-                      num_warps=src.num_warps, num_stages=src.num_stages)
+        out = []
+        for p, fn, n in zip(src.prologues if not fixup else [], self.prologues, before):
+            out.append((fn, (n,), [buffers[b.source] for b in p.buffers] + [sizes[x] for x in p.sizes],
+                        {"PDL": pdl, "launch_pdl": pdl and after_prior, "num_warps": p.num_warps}))
+            after_prior = True
+        out.append((self.fn, (min(tiles, src.fixup_programs),) if fixup else (tiles,), args,
+                    {"MODE": int(fixup), "PDL": pdl, "launch_pdl": pdl and after_prior, "num_warps": src.num_warps,
+                     "num_stages": src.num_stages}))
         c = src.combine
-        # a split loop's pieces merged, in the fixup pass too (after it recomputed them); one piece stored the results
         if c is not None and splits != 1:
-            self.combine[(merged,)](*[buffers[b.source] for b in c.buffers], *[sizes[x] for x in c.sizes],
-                                    MODE=int(fixup), PDL=pdl, launch_pdl=pdl, num_warps=c.num_warps)
+            out.append((self.combine, (merged,), [buffers[b.source] for b in c.buffers] + [sizes[x] for x in c.sizes],
+                        {"MODE": int(fixup), "PDL": pdl, "launch_pdl": pdl, "num_warps": c.num_warps}))
+        return out
 
     def allocate(self, buffers: dict, device: torch.device) -> None:
         """Create the outputs, intermediates and the (zeroed) finite-check flag this kernel and its companions
