@@ -4,6 +4,7 @@
     python -m flashtensor.bench.generic versus [--names attn,h2o,...] [--S 4096]
     python -m flashtensor.bench.generic decode [--q 1,4,16] [--kv 8192,32768,131072] [--splits N]
     python -m flashtensor.bench.generic compile [--names attn,h2o,...] [--S 4096]
+    python -m flashtensor.bench.generic host [--names h2o] [--S 1024]
     (--small: the CPU interpreter's shapes; every mode checks its outputs against eager where eager fits)
 
 sweep: one `ft.compile(fn, dynamic=True)` per workload called at random lengths; per call the searches and
@@ -12,14 +13,18 @@ waiting for the GPU, median over repeats). versus: each workload's kernels plann
 generically, timed side by side. decode: h2o with a few queries against long keys, against eager,
 torch.compile, and its attention alone (compiled too) against SDPA, with the split counts of their key loops
 (codegen/split.py). compile: the wall time of each workload's first call, planning included (from the on-disk
-cache when an earlier process stored the plan: run it twice for cold and cached). Results print as lines; --json
-keeps the records.
+cache when an earlier process stored the plan: run it twice for cold and cached). host: the host time of a call
+in a tuned bucket of a generic plan, eager's beside it, and where it goes (the functions a profile of 100 calls
+spends most time in). Results print as lines; --json keeps the records.
 """
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import math
+import pstats
 import random
 import statistics
 import sys
@@ -142,6 +147,33 @@ def first_call(names: list[str], S: int, device: str, dims: dict) -> list[dict]:
     return out
 
 
+def host(names: list[str], S: int, device: str, dims: dict) -> list[dict]:
+    out = []
+    for name in names:
+        c = ft.compile(_make(name, device, dims, S, 0)[0], dynamic=True)
+        fn, args = _make(name, device, dims, S - 3, 1)      # a second length: the generic plan, tuned for its bucket
+        with torch.no_grad():
+            c(*_make(name, device, dims, S, 0)[1])
+            ok = bench.compare(c(*args), fn(*args))["ok"]
+            us, eager_us = _host_us(lambda: c(*args)), _host_us(lambda: fn(*args))
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(100):
+                c(*args)
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+            prof.disable()
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(15)
+        rec = {"program": name, "S": S - 3, "ok": ok, "host_us": us, "eager_host_us": eager_us,
+               "generic": c.cache_info()["generic"], "profile": text.getvalue()}
+        out.append(rec)
+        print(f"host {name} S={S - 3}: {'pass' if ok else 'FAIL'}, {us:.1f} us per call (eager {eager_us:.1f} us), "
+              f"{rec['generic']} generic plan(s); profile of 100 calls:\n{rec['profile']}", flush=True)
+        bench._free()
+    return out
+
+
 def _probs(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """P for q_len < kv_len ((B, S, H, D) inputs): the causal mask offset to the last q_len key positions."""
     qt, kt = q.transpose(1, 2), k.transpose(1, 2)
@@ -205,12 +237,12 @@ def decode(qs: list[int], kvs: list[int], device: str, dims: dict, timed: bool, 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m flashtensor.bench.generic", description=__doc__.splitlines()[0])
-    p.add_argument("mode", choices=["sweep", "versus", "decode", "compile"])
+    p.add_argument("mode", choices=["sweep", "versus", "decode", "compile", "host"])
     p.add_argument("--names", default="", help="workloads (sweep: h2o,keyformer; versus: the seven attention ones)")
     p.add_argument("--lengths", type=int, default=50, help="sweep: how many random lengths")
     p.add_argument("--lo", type=int, default=1024)
     p.add_argument("--hi", type=int, default=32768)
-    p.add_argument("--S", type=int, default=4096, help="versus, compile: the sequence length")
+    p.add_argument("--S", type=int, default=0, help="versus, compile (4096), host (1024): the sequence length")
     p.add_argument("--heads", type=int, default=32, help="heads (keyformer's noise is B x H x S x S)")
     p.add_argument("--q", default="1,4,16", help="decode: query lengths")
     p.add_argument("--kv", default="8192,32768,131072", help="decode: key lengths")
@@ -228,9 +260,12 @@ def main(argv: list[str] | None = None) -> int:
         draw = random.Random(0)
         lengths = [draw.randint(lo, hi) for _ in range(args.lengths)]
         recs = sweep(names, lengths, device, dims)
+    elif args.mode == "host":
+        names = [n for n in (args.names or "h2o").split(",") if n]
+        recs = host(names, 96 if args.small else args.S or 1024, device, dims)
     elif args.mode in ("versus", "compile"):
         names = [n for n in (args.names or ",".join(ATTENTION)).split(",") if n]
-        S = 96 if args.small else args.S
+        S = 96 if args.small else args.S or 4096
         recs = versus(names, S, device, dims, timed) if args.mode == "versus" else first_call(names, S, device, dims)
     else:
         kvs = [40, 100] if args.small else [int(x) for x in args.kv.split(",")]
