@@ -436,6 +436,34 @@ def test_dynamic_true_takes_a_mask_broadcast_over_heads():
     assert info["searches"] == 1 and info["generic"] == 1 and info["hits"] == 2, info
 
 
+def gqa_repeat_kv(q, k, v, mask):
+    """Hugging Face's eager attention for grouped-query heads: repeat_kv by expand and reshape, n_rep = H // kv_heads,
+    the 4D additive mask sliced to the keys, and the column sums of P."""
+    def repeat_kv(x, n_rep):
+        b, kvh, s, d = x.shape
+        return x[:, :, None, :, :].expand(b, kvh, n_rep, s, d).reshape(b, kvh * n_rep, s, d)
+    n_rep = q.shape[1] // k.shape[1]
+    k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
+    w = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(q.shape[-1]) + mask[:, :, :, : k.shape[-2]]
+    p = F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(p, v).transpose(1, 2).contiguous(), p.sum(dim=-2)
+
+
+def test_dynamic_true_falls_back_to_the_lengths_that_change():
+    """dynamic=True makes the head counts symbolic too, and repeat_kv's reshape of kv_heads x H // kv_heads lines
+    up with H only where kv_heads divides H: the plan generic in every dimension fuses nothing. Each call then
+    planned for its exact shape (a search per length, worse than the default); now the next length plans generic
+    in the dimensions that changed, as by default, and later lengths reuse it."""
+    c = ft.compile(gqa_repeat_kv, cache=False, dynamic=True)
+    for n, s in enumerate((32, 48, 80, 17)):
+        g = torch.Generator().manual_seed(n)
+        q, k, v = (torch.randn(1, h, s, 16, generator=g) for h in (4, 2, 2))
+        mask = torch.full((s, s), torch.finfo(torch.float32).min).triu(1)[None, None]
+        _check(gqa_repeat_kv, c, [q, k, v, mask], tol=1e-4)
+    info = c.cache_info()
+    assert info["generic"] == 1 and info["hits"] == 2 and info["searches"] <= 2, info
+
+
 def attention_argmax(q, k, v):
     """Attention and each query's most attended key (argmax has no lowering: eager reads the probabilities)."""
     p = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1)

@@ -162,20 +162,24 @@ class Compiled:
         but a tensor's last where no other dimension of the inputs has its size (a head or feature dimension,
         which kernels hold whole in a tile; a last dimension as long as another, KeyFormer's S x S noise, is
         taken to be that axis); by default those in which this call's or an earlier call's shapes differed from
-        the first call of the same structure (as torch.compile's automatic dynamic shapes); none with
-        `dynamic=False`."""
+        the first call of the same structure (as torch.compile's automatic dynamic shapes), which is also what
+        `dynamic=True` falls back to where a plan generic in every dimension fused nothing (GQA's head groups,
+        H // kv_heads, reshape only at some sizes); none with `dynamic=False`."""
         tensors = [(i, tuple(a.shape)) for i, a in enumerate(call.leaves) if isinstance(a, torch.Tensor)]
         if self.options.dynamic is False:
             return frozenset()
         if self.dims is not None:       # Dynamo's symbolic dimensions (api/backend.py)
             return self.dims
-        if self.options.dynamic:
-            inner = {n for _, shape in tensors for n in shape[:-1]}
-            return frozenset((i, d) for i, shape in tensors for d in range(len(shape))
-                             if d < len(shape) - 1 or shape[d] in inner)
-        first, changed = self._first.setdefault(self._guards.key(call, shapes=False), ([s for _, s in tensors], set()))
+        structure = self._guards.key(call, shapes=False)
+        first, changed = self._first.setdefault(structure, ([s for _, s in tensors], set()))
         changed.update((i, d) for (i, shape), old in zip(tensors, first) for d in range(len(shape))
                        if shape[d] != old[d])
+        if self.options.dynamic:
+            inner = {n for _, shape in tensors for n in shape[:-1]}
+            every = frozenset((i, d) for i, shape in tensors for d in range(len(shape))
+                              if d < len(shape) - 1 or shape[d] in inner)
+            if (structure, every) not in self.refused:
+                return every
         return frozenset(changed)
 
     def _count_changes(self, changed: bool) -> None:
