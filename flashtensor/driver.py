@@ -388,7 +388,7 @@ def _search(plan: Plan, call: Call) -> tuple[dict, bool]:
         log.debug("no fused plan: %s", e)
         return {"eager": True, "notes": [f"no fused plan: {reason(e.causes)}; the program runs in eager PyTorch"]}, True
     except Exception as e:  # a bug in a stage must cost the user speed, not the answer
-        log.exception("internal compiler error")
+        log.debug("internal compiler error", exc_info=True)
         return {"eager": True, "notes": [f"internal compiler error ({type(e).__name__}: {e}), please report it; "
                                          "the program runs in eager PyTorch"]}, False
     loops, fused = plan.stages["rewrites"], plan.stages["fusable"]

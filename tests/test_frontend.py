@@ -2,6 +2,7 @@
 import importlib.util
 import inspect
 import math
+import os
 import warnings
 from pathlib import Path
 
@@ -291,6 +292,30 @@ def test_internal_compiler_error_falls_back_to_eager_with_its_reason(monkeypatch
     with pytest.warns(FallbackWarning, match="internal compiler error"):
         out = ft.compile(fn, cache=False)(q[:, :, None], k[:, :, None], v[:, :, None])
     assert_close(out, eager(fn, q[:, :, None], k[:, :, None], v[:, :, None]))
+
+
+def test_an_internal_compiler_error_prints_one_line_and_no_traceback(tmp_path):
+    """In a user's process (no logging configured) the bug's traceback goes to the debug log only: Python's
+    last-resort handler printed `log.exception`'s ERROR record, traceback and all, to stderr beside the warning."""
+    import subprocess
+    import sys
+    script = tmp_path / "user.py"
+    script.write_text(
+        "import torch\n"
+        "import flashtensor as ft\n"
+        "from flashtensor import workloads\n"
+        "from flashtensor.transform import rewrite\n"
+        "def broken(*args, **kwargs):\n"
+        "    raise KeyError('simulated bug')\n"
+        "rewrite.REWRITES = [('broken', broken)]\n"
+        "q, k, v = (torch.randn(1, 40, 1, 16) for _ in range(3))\n"
+        "out = ft.compile(workloads.attn, cache=False)(q, k, v)\n"
+        "assert torch.allclose(out, workloads.attn(q, k, v), atol=1e-5)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLASHTENSOR_DEBUG")}
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "internal compiler error" in run.stderr and "simulated bug" in run.stderr, run.stderr[-2000:]
+    assert "Traceback" not in run.stderr, run.stderr[-2000:]
 
 
 def test_an_internal_compiler_error_is_not_cached(monkeypatch, tmp_path):

@@ -132,7 +132,7 @@ class Compiled:
                 prog = build(fn, call.leaves, self.options, None, dims)
                 self._count(prog)
             except Exception as e:  # noqa: BLE001 - a bug in the generic path costs a plan per shape, not the answer
-                log.exception("shape-generic planning failed; planning for this call's shapes")
+                log.debug("shape-generic planning failed; planning for this call's shapes", exc_info=True)
                 self.refused[structure, dims] = [f"internal compiler error ({type(e).__name__}: {e}) in the "
                                                  "shape-generic plan; the program plans for each call's shapes"]
         if prog is not None and prog.generic and prog.fits(call.leaves):

@@ -52,7 +52,7 @@ class Remainder:
             try:
                 return list(self.compiled(*inputs, *[env[n] for n in self.ready]))
             except Exception:  # noqa: BLE001 - whatever torch.compile cannot take, the evaluator can
-                log.exception("torch.compile of the eager remainder failed; the evaluator runs it")
+                log.debug("torch.compile of the eager remainder failed; the evaluator runs it", exc_info=True)
                 self.compiled = None
         return evaluate(self.graph, inputs, env, self.order, sizes if self.generic else None)
 
