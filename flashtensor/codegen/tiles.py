@@ -107,8 +107,9 @@ class Tiles(abc.ABC):
         """The element offset, the sum of index * stride over `parts`, of a load or store over this tile. The
         program's own (scalar) indices are taken to int64 before they scale, so a tensor past 2**31 elements is
         addressed right at no cost per element, and come first: `buf + scalars` is one pointer that the tile's
-        int32 vectors then offset. Those vectors widen too where their reach within that slice passes int32; in a
-        shape-generic kernel the reach is a size expression, kept in `limits` for the plan to check per call."""
+        int32 vectors, summed apart, then offset once. Those vectors widen too where their reach within that
+        slice passes int32; in a shape-generic kernel the reach is a size expression, kept in `limits` for the
+        plan to check per call."""
         coef: dict[Var, Any] = {}
         const: Any = 0
         for e, st in parts:
@@ -121,11 +122,12 @@ class Tiles(abc.ABC):
         if symbolic(reach):
             self.limits.append(str(python(reach)))
         wide = not symbolic(reach) and hint(reach) >= INT32_REACH
-        terms = [times(f"tl.cast({self.idx(v, tv)}, tl.int64)", coef[v]) for v in coef if self.scalar(v)]
-        terms += [times(f"{self.idx(v, tv)}.to(tl.int64)" if wide else self.idx(v, tv), coef[v]) for v in vector]
+        scalars = [times(f"tl.cast({self.idx(v, tv)}, tl.int64)", coef[v]) for v in coef if self.scalar(v)]
+        tile = [times(f"{self.idx(v, tv)}.to(tl.int64)" if wide else self.idx(v, tv), coef[v]) for v in vector]
         if symbolic(const) or const:
-            terms.append(source(const))
-        return " + ".join(terms) or "0"
+            tile.append(source(const))
+        # the tile's terms summed apart, in their own width, then added to the pointer once
+        return " + ".join(scalars + ([f"({' + '.join(tile)})"] if len(tile) > 1 else tile)) or "0"
 
     def partial(self, v: Var) -> bool:
         """Whether some tile of v reaches past its extent."""
