@@ -19,7 +19,7 @@ import logging
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 import torch
 
@@ -35,11 +35,11 @@ from .ir import sizes
 from .ir.graph import Graph
 from .ir.loops import LNode, LoopGraph, LOutput
 from .ir.reasons import reason
-from .options import Options
+from .options import Options, TileConfig
 from .partition.fusable import eager_handoff, fusable_part
 from .partition.plan import KernelPlan, PartitionError, check_boundaries, partitions
 from .runtime import cache as plan_cache
-from .runtime.autotune import compile_all, median_ms, timed, tune
+from .runtime.autotune import candidates, compile_all, median_ms, timed, tune
 from .runtime.launch import Launch, input_buffers
 from .runtime.plan import Plan, Program
 from .runtime.remainder import compiles_remainder
@@ -168,11 +168,12 @@ def _tune(plan: Plan, call: Call) -> tuple[int, list[Launch]]:
     offered = len(specs)
     progress.info("planning %d partition(s) of %d fused node(s) on %s", offered, len(plan.stages["rewrites"].nodes),
                   call.device)
+    found = _compiled_candidates(specs, call.options.configs, bufs, call.device)
     best: Optional[tuple[float, int, list[Launch]]] = None
     for i, (c, kernels) in enumerate(specs.items()):
         launches = []
-        for k, spec in enumerate(kernels):
-            la = tune(spec, call.options.configs, bufs, call.device, after_prior=k > 0)
+        for k in range(len(kernels)):
+            la = tune(found[c, k], bufs, call.device, after_prior=k > 0)
             la(bufs, after_prior=k > 0)
             log.debug("kernel %d source:\n%s", k, la.source.source)
             progress.info("partition %d/%d, kernel %d/%d: %s, %.1f s", i + 1, offered, k + 1, len(kernels),
@@ -183,16 +184,28 @@ def _tune(plan: Plan, call: Call) -> tuple[int, list[Launch]]:
         if best is None or total < best[0]:
             best = (total, c, launches)
     assert best is not None
-    _compile_fixups(best[2], bufs, call.device)
+    _compile_fixups(best[2], bufs)
     progress.info("chose %d kernel(s)%s, planned in %.1f s", len(best[2]),
                   f", {best[0]:.3f} ms" if best[0] else "", time.perf_counter() - start)
     return best[1], best[2]
 
 
-def _compile_fixups(launches: list[Launch], bufs: dict, device: torch.device) -> None:
-    """The chosen kernels' fixup passes compiled side by side (on a GPU), before the plan's first run needs them."""
-    if timed(device):
-        compile_all([(la, bufs, True, True) for la in launches if la.source.fixup])
+def _compiled_candidates(specs: Mapping[int, list[KernelSpec]], configs: Sequence[TileConfig], bufs: dict,
+                         device: torch.device) -> dict[tuple[int, int], list[Launch]]:
+    """Each partition's kernels (by partition and position) at every configuration, their buffers allocated and
+    all of them compiled side by side at once, for tune() to time one by one."""
+    found = {(c, k): candidates(spec, configs, device)
+             for c, kernels in specs.items() for k, spec in enumerate(kernels)}
+    for las in found.values():
+        for la in las:
+            la.allocate(bufs, device)
+    compile_all([(la, bufs, False, k > 0) for (_, k), las in found.items() for la in las if len(las) > 1])
+    return found
+
+
+def _compile_fixups(launches: list[Launch], bufs: dict) -> None:
+    """The chosen kernels' fixup passes compiled side by side, before the plan's first run needs them."""
+    compile_all([(la, bufs, True, True) for la in launches if la.source.fixup])
 
 
 FRONT: list[tuple[str, Callable[[Plan, Call], Any]]] = [
@@ -265,12 +278,14 @@ def retune(prog: Program, args: list[Any], options: Options) -> Optional[Program
     guards = len(env.guards)
     chosen = plan.stages["tune"][0]
     bufs = input_buffers(tensors + prog.consts, now)
+    specs = [dataclasses.replace(spec, sizes=now) for spec in plan.stages["emit"][chosen]]
+    found = _compiled_candidates({chosen: specs}, options.configs, bufs, prog.device)
     launches = []
-    for k, spec in enumerate(plan.stages["emit"][chosen]):
-        la = tune(dataclasses.replace(spec, sizes=now), options.configs, bufs, prog.device, after_prior=k > 0)
+    for k in range(len(specs)):
+        la = tune(found[chosen, k], bufs, prog.device, after_prior=k > 0)
         la(bufs, after_prior=k > 0)
         launches.append(la)
-    _compile_fixups(launches, bufs, prog.device)
+    _compile_fixups(launches, bufs)
     if len(env.guards) != guards:
         log.debug("emitting for bucket %s specialised a size; planning anew", sizes.bucket(now))
         return None

@@ -30,27 +30,32 @@ def timed(device: torch.device) -> bool:
     return device.type == "cuda" and not knobs.interpret()
 
 
-def tune(spec: KernelSpec, configs: Sequence[TileConfig], buffers: dict, device: torch.device,
-         after_prior: bool = False) -> Launch:
-    """Best Launch among `configs` for one kernel; `buffers` holds inputs and earlier kernels' results
-    and receives this kernel's outputs. Each candidate is timed as the plan launches it (`after_prior`: after
-    another of the plan's kernels, Launch.__call__), so the plan's run compiles no variant of its own."""
-    configs = list(configs) if timed(device) else list(configs[:1])
-    candidates: dict[tuple, Launch] = {}
-    for cfg in configs:
+def candidates(spec: KernelSpec, configs: Sequence[TileConfig], device: torch.device) -> list[Launch]:
+    """`spec`'s kernel at each configuration where the device times them (the first elsewhere), one Launch per
+    distinct kernel."""
+    out: dict[tuple, Launch] = {}
+    for cfg in list(configs) if timed(device) else list(configs[:1]):
         src = emit_kernel(spec, cfg)
         key = (src.source, src.num_warps, src.num_stages)    # warps and stages are not in the source
-        if key in candidates:
+        if key in out:
             log.debug("autotune %s: config %s gives the same kernel as an earlier one, skipped", src.name, cfg)
             continue
-        candidates[key] = la = Launch(src, load_kernel(src))
+        out[key] = Launch(src, load_kernel(src))
+    return list(out.values())
+
+
+def tune(launches: list[Launch], buffers: dict, device: torch.device, after_prior: bool = False) -> Launch:
+    """The fastest of one kernel's candidates (`candidates`, compiled by compile_all), each timed as the plan
+    launches it (`after_prior`: after another of the plan's kernels, Launch.__call__) so that the plan's run
+    compiles no variant of its own; `buffers` holds the inputs and earlier kernels' results and receives this
+    kernel's outputs."""
+    for la in launches:
         la.allocate(buffers, device)
-    if len(candidates) == 1:
-        log.debug("autotune %s: one candidate on %s", spec.name, device)
-        return next(iter(candidates.values()))
-    compile_all([(la, buffers, False, after_prior) for la in candidates.values()])
+    if len(launches) == 1:
+        log.debug("autotune %s: one candidate on %s", launches[0].source.name, device)
+        return launches[0]
     best, best_ms = None, float("inf")
-    for la in candidates.values():
+    for la in launches:
         try:
             import triton.testing
             ms = triton.testing.do_bench(lambda: la(buffers, after_prior=after_prior), warmup=5, rep=20,
@@ -72,7 +77,10 @@ def tune(spec: KernelSpec, configs: Sequence[TileConfig], buffers: dict, device:
 def compile_all(jobs: Sequence[tuple[Launch, dict, bool, bool]]) -> None:
     """Compile each (launch, buffers, fixup, after_prior) as that call would, side by side in threads (Triton's
     compiler spends its time in native passes and in ptxas, a subprocess). A failure is left to the launch that
-    follows, which raises it where the caller handles it (the tuner skips that configuration)."""
+    follows, which raises it where the caller handles it (the tuner skips that configuration). Under Triton's
+    interpreter a warmup compiles nothing."""
+    if not jobs:
+        return
     with ThreadPoolExecutor(max(1, min(len(jobs), knobs.compile_threads()))) as pool:
         for job, done in zip(jobs, pool.map(lambda j: _compiled(*j), jobs)):
             if done is not None:
