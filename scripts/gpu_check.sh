@@ -8,6 +8,7 @@
 #     bash scripts/gpu_check.sh sweep    # #22: 50 random lengths (1K-32K) of h2o and keyformer, one generic plan
 #     bash scripts/gpu_check.sh decode   # #22: h2o with 1, 4, 16 queries against 8K-128K keys, against its peers
 #     bash scripts/gpu_check.sh host     # #22: h2o's cold first call, then the host time of a generic call, profiled
+#     bash scripts/gpu_check.sh wide     # keyformer with one head's S x S noise past 2**31 elements (int64 tiles)
 #     bash scripts/gpu_check.sh ab DIR   # the reference workloads, DIR's compiler (a `git archive REV
 #                                        # flashtensor` copy) against this tree's, timed side by side
 #
@@ -45,11 +46,13 @@ host)
     export FLASHTENSOR_CACHE_DIR=/tmp/ft-cache-host; rm -rf "$FLASHTENSOR_CACHE_DIR"
     python -m flashtensor.bench.generic compile --names h2o | tee "$OUT/host.txt"
     python -m flashtensor.bench.generic host --names h2o --json "$OUT/host.json" | tee -a "$OUT/host.txt" ;;
+wide)
+    python -m flashtensor.bench.generic wide --json "$OUT/wide.json" | tee "$OUT/wide.txt" ;;
 ab)
     base=${2:?the base tree: a directory holding a flashtensor package}
     for w in $W; do python -m flashtensor.bench.ab "$w" --trees "base=$base,new=." --check-only > /dev/null 2>&1 & done
     wait
     python -m flashtensor.bench.ab $W --trees "base=$base,new=." --rep 30 | tee "$OUT/ab.txt" ;;
 *)
-    echo "usage: bash scripts/gpu_check.sh fuzz | held | generic | sweep | decode | host | ab BASE_TREE" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_check.sh fuzz | held | generic | sweep | decode | host | wide | ab BASE_TREE" >&2; exit 2 ;;
 esac

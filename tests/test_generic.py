@@ -538,3 +538,21 @@ def test_offsets_past_int32_widen_or_refuse_the_plan():
         return [torch.empty(1, h, s, 16, device="meta")] * 3 + [torch.empty(1, h, s, s, device="meta")]
     assert prog.fits(meta(28694)) and prog.fits(meta(46340))
     assert not prog.fits(meta(46341))      # 46341**2 > 2**31: one head's S x S noise, int32 tiles
+
+
+@pytest.mark.unit
+def test_an_exact_plan_past_int32_in_one_head_widens_its_tile_offsets():
+    """At 47000 tokens one head's S x S noise has 2.2e9 elements: an exact plan's kernels index the noise tile in
+    int64 (meta tensors: emitted, nothing runs), while at 40000 (1.6e9) they stay int32."""
+    import re
+
+    from flashtensor import driver
+    from flashtensor.codegen.kernel import emit_kernel
+    from flashtensor.options import CONFIGS
+
+    def widened(s):
+        args = [torch.empty(1, 1, s, 64, device="meta") for _ in range(3)] + [torch.empty(1, 1, s, s, device="meta")]
+        (_, plan), *_ = driver.candidate_plans(_noise_scores, args)
+        sources = [emit_kernel(spec, CONFIGS[0]).source for spec in plan.stages["emit"][0]]
+        return any(re.search(r"o_\w+(\[[^\]]*\])?\.to\(tl\.int64\)", src) for src in sources)
+    assert widened(47000) and not widened(40000)

@@ -5,6 +5,7 @@
     python -m flashtensor.bench.generic decode [--q 1,4,16] [--kv 8192,32768,131072] [--splits N]
     python -m flashtensor.bench.generic compile [--names attn,h2o,...] [--S 4096]
     python -m flashtensor.bench.generic host [--names h2o] [--S 1024]
+    python -m flashtensor.bench.generic wide [--S 47000]
     (--small: the CPU interpreter's shapes; every mode checks its outputs against eager where eager fits)
 
 sweep: one `ft.compile(fn, dynamic=True)` per workload called at random lengths; per call the searches and
@@ -15,7 +16,9 @@ torch.compile, and its attention alone (compiled too) against SDPA, with the spl
 (codegen/split.py). compile: the wall time of each workload's first call, planning included (from the on-disk
 cache when an earlier process stored the plan: run it twice for cold and cached). host: the host time of a call
 in a tuned bucket of a generic plan, eager's beside it, and where it goes (the functions a profile of 100 calls
-spends most time in). Results print as lines; --json keeps the records.
+spends most time in). wide: keyformer planned for its exact shape with one head whose S x S noise passes 2**31
+elements, so its kernels' tile offsets are int64 (codegen/tiles.py `offset`), against eager (about 60 GB at
+S=47000). Results print as lines; --json keeps the records.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ import json
 import math
 import pstats
 import random
+import re
 import statistics
 import sys
 import time
@@ -174,6 +178,21 @@ def host(names: list[str], S: int, device: str, dims: dict) -> list[dict]:
     return out
 
 
+def wide(S: int, device: str) -> list[dict]:
+    fn, args = workloads.make("keyformer", device=device, B=1, H=1, S=S, D=128 if device == "cuda" else 32, seed=0)
+    c = ft.compile(fn, dynamic=False)
+    with torch.no_grad():
+        t = time.perf_counter()
+        got = c(*args)
+        first = time.perf_counter() - t
+        ok = bench.compare(got, fn(*args))["ok"]
+    # a tile vector widened (Tiles.offset), not the finite check's int64 program id
+    int64 = any(re.search(r"o_\w+(\[[^\]]*\])?\.to\(tl\.int64\)", k.source) for k in c.program_for(args).kernels)
+    print(f"wide keyformer S={S}: {'pass' if ok else 'FAIL'}, first call {first:.1f} s, int64 tile offsets: {int64}",
+          flush=True)
+    return [{"program": "keyformer", "S": S, "ok": ok, "first_s": first, "int64_tiles": int64}]
+
+
 def _probs(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """P for q_len < kv_len ((B, S, H, D) inputs): the causal mask offset to the last q_len key positions."""
     qt, kt = q.transpose(1, 2), k.transpose(1, 2)
@@ -237,12 +256,13 @@ def decode(qs: list[int], kvs: list[int], device: str, dims: dict, timed: bool, 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m flashtensor.bench.generic", description=__doc__.splitlines()[0])
-    p.add_argument("mode", choices=["sweep", "versus", "decode", "compile", "host"])
+    p.add_argument("mode", choices=["sweep", "versus", "decode", "compile", "host", "wide"])
     p.add_argument("--names", default="", help="workloads (sweep: h2o,keyformer; versus: the seven attention ones)")
     p.add_argument("--lengths", type=int, default=50, help="sweep: how many random lengths")
     p.add_argument("--lo", type=int, default=1024)
     p.add_argument("--hi", type=int, default=32768)
-    p.add_argument("--S", type=int, default=0, help="versus, compile (4096), host (1024): the sequence length")
+    p.add_argument("--S", type=int, default=0,
+                   help="versus, compile (4096), host (1024), wide (47000): the sequence length")
     p.add_argument("--heads", type=int, default=32, help="heads (keyformer's noise is B x H x S x S)")
     p.add_argument("--q", default="1,4,16", help="decode: query lengths")
     p.add_argument("--kv", default="8192,32768,131072", help="decode: key lengths")
@@ -260,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
         draw = random.Random(0)
         lengths = [draw.randint(lo, hi) for _ in range(args.lengths)]
         recs = sweep(names, lengths, device, dims)
+    elif args.mode == "wide":
+        recs = wide(96 if args.small else args.S or 47000, device)
     elif args.mode == "host":
         names = [n for n in (args.names or "h2o").split(",") if n]
         recs = host(names, 96 if args.small else args.S or 1024, device, dims)
