@@ -7,8 +7,6 @@ from typing import Any
 
 import torch
 
-from . import knobs
-
 
 def tolerance(dtype: torch.dtype) -> float:
     """Allowed relative error: 2e-3 for half types, 1e-4 for other floats, 0 (exact) otherwise."""
@@ -76,7 +74,6 @@ def compare_with_exact(out: Any, ref: torch.Tensor, exact: torch.Tensor) -> Matc
     otherwise than float64 does: then where float64 has them. Where the float64 answer is not finite but
     eager's is (a finfo(float64).min mask that a float32 softmax turns into -inf), float64 says nothing:
     there the output is held to eager, within the tolerance or as close as eager is to float64 elsewhere.
-    Under Triton's interpreter a bf16 output may be as far from float64 as interpreter_floor allows.
     Callers pass `exact` only where compare(out, ref) fails: float64 runs are dear."""
     m = compare(out, ref)
     if m.ok or ref.dtype not in EXACT_SLACK or not isinstance(out, torch.Tensor) or out.shape != ref.shape \
@@ -94,7 +91,7 @@ def compare_with_exact(out: Any, ref: torch.Tensor, exact: torch.Tensor) -> Matc
         if m.ok:
             return m
     undefined = ~torch.isfinite(x)
-    floor = max(rel_err(r[~undefined], x[~undefined]), interpreter_floor(x[~undefined], r.dtype))
+    floor = rel_err(r[~undefined], x[~undefined])
     if r.dtype == torch.float32 and floor <= m.tol:
         return Match(m.error, m.tol, f"{m.problem} (eager is {floor:.1e} from float64)")
     bound = floor + EXACT_SLACK[r.dtype]
@@ -112,19 +109,6 @@ def compare_with_exact(out: Any, ref: torch.Tensor, exact: torch.Tensor) -> Matc
 def _nonfinite(t: torch.Tensor) -> torch.Tensor:
     """Where t is NaN, +inf and -inf."""
     return torch.stack([t.isnan(), t == math.inf, t == -math.inf])
-
-
-def interpreter_floor(exact: torch.Tensor, dtype: torch.dtype) -> float:
-    """Triton's interpreter truncates float32 to bf16 (the GPU rounds to nearest). The kernels' dot operands
-    are rounded as on the GPU (codegen.emit's _round_bf16), but the stores truncate, toward zero. The
-    floor is twice the error of truncating the exact answer, and at least two bf16 steps (2^-8) where the
-    outputs are too few for truncation errors to average out (a 2 x 2 causal softmax whose output truncated
-    twice is 6.9e-3 from the exact answer, while truncating the exact answer once is 2.1e-3 from it): a
-    floor of one truncation failed some of 150 random programs. 0 off the interpreter and for other dtypes."""
-    if dtype != torch.bfloat16 or not knobs.interpret():
-        return 0.0
-    truncated = (exact.float().contiguous().view(torch.int32) & -65536).view(torch.float32)
-    return max(2 * rel_err(truncated, exact), 2 * 2.0 ** -8)
 
 
 def as_tuple(x: Any) -> tuple:

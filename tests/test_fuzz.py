@@ -283,7 +283,7 @@ FOUND = [
     # fp16 scores of magnitude ~30 (soft cap plus bias): eager's own fp16 rounding is 3e-3 from the exact answer
     Spec("softmax", batch=1, heads=2, kv_heads=2, q_len=12, kv_len=61, dim=16, dtype=torch.float16, expand="expand",
          scale=0.25, cap=30.0, slope=-0.5, apply="additive", float_probs=True, seed=3775),
-    # bf16 linear attention: held to the float64 answer (Triton's interpreter truncates float32 to bf16)
+    # bf16 linear attention: held to the float64 answer
     Spec("linear", batch=1, heads=2, kv_heads=2, q_len=45, kv_len=45, dim=32, dtype=torch.bfloat16, expand="expand",
          seed=396),
     # a statistic over a size-1 query axis is the probability tile itself, an output that another output's
@@ -295,7 +295,7 @@ FOUND = [
     # which only one was written (KeyError at run time; codegen/emit.py now stores a node to each output)
     Spec("softmax", batch=1, heads=1, kv_heads=1, q_len=1, kv_len=1, dim=16, dtype=torch.float32,
          stats=("rowmax", "rowsum")),
-    # a single bf16 output element: one truncation by the interpreter is a whole bf16 step (the test's floor)
+    # a single bf16 output element: one truncation by the interpreter was a whole bf16 step (stores now round)
     Spec("linear", batch=1, heads=1, kv_heads=1, q_len=1, kv_len=1, dim=16, dtype=torch.bfloat16),
     # one key and a band of width 0: a mask term the facts fix to False on some tiles was emitted as the
     # literal 0, and `x | 0` made the where's condition int32 (codegen/emit.py's _lit now writes False)
@@ -306,7 +306,7 @@ FOUND = [
     Spec("softmax", batch=1, heads=1, kv_heads=1, q_len=1, kv_len=4, dim=16, dtype=torch.float32, cap=30.0,
          stats=("entropy",), seed=705),
     # a bf16 2 x 2 causal softmax under the interpreter: its two truncations to bf16 (dot operand, store)
-    # cost 6.9e-3 against a floor of one bf16 step (testing.interpreter_floor now allows a step for each)
+    # cost 6.9e-3 from float64 (both now round to nearest, as on the GPU: triton_helpers._round_bf16)
     Spec("softmax", batch=1, heads=1, kv_heads=1, q_len=2, kv_len=2, dim=32, dtype=torch.bfloat16, layout="bhsd",
          expand="repeat_interleave", scale=1.0, mask="causal", apply="masked_fill", seed=15529),
     # float32 inputs cast to bf16 by the program: one kernel's dot rounded the casts, the other's

@@ -12,7 +12,7 @@ from flashtensor.testing import compare_with_exact
 
 # smaller than programs.SMALL, to keep 72 compiles within a minute; still GQA (two query heads per KV head)
 SHAPE = dict(B=1, H=2, S=32, D=16, KV=1)
-DTYPES = ("fp32", "fp16", "bf16")   # bf16 under the interpreter's truncating stores: testing.interpreter_floor
+DTYPES = ("fp32", "fp16", "bf16")
 
 # program/dtype pairs that fail today (a strict xfail with the reason observed); none at present
 FAILS: dict[tuple[str, str], str] = {}

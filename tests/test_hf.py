@@ -6,6 +6,7 @@ import copy
 import runpy
 import sys
 from pathlib import Path
+from typing import Any
 
 import kvpress
 import pytest
@@ -26,7 +27,7 @@ from transformers import (
 from conftest import assert_close
 from flashtensor.integrations import kvpress as ft_kvpress
 from flashtensor.integrations import transformers as ft_hf
-from flashtensor.testing import compare_with_exact
+from flashtensor.testing import compare_with_exact, rel_err
 
 S, PAD, VOCAB, LAYERS = 24, 6, 128, 2
 # initializer_range 0.2 (not 0.02) so the attention is peaked, not nearly uniform: the presses' choices mean something
@@ -92,18 +93,42 @@ def test_logits_and_generated_tokens_match_eager(name):
     _assert_fused()
 
 
+def _double(x: Any) -> Any:
+    """A copy of an attention call's argument in float64 (bool masks and Python numbers as they are)."""
+    return x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_half_precision_logits_are_as_close_to_float64_as_eagers(dtype):
-    """fp16 and bf16 models: within 2e-3 of eager's logits or no farther than eager from the float64 model's
-    (flashtensor.testing.compare_with_exact)."""
+def test_half_precision_attention_is_as_close_to_float64_as_eagers(dtype, monkeypatch):
+    """fp16 and bf16 models: each compiled attention call's output within 2e-3 of eager's on the same inputs, or no
+    farther than eager's from the float64 answer on them (flashtensor.testing.compare_with_exact). The logits are
+    held to 1.25x eager's distance from the float64 model: the whole model's error is that of its own half-precision
+    layers, and a different rounding of one attention output sends it on another path through them (over 24 random
+    bf16 models the ratio ran 0.85-1.12), so only a per-call comparison can hold the kernels to eager's own error."""
+    seen: list[tuple[tuple, torch.Tensor]] = []
+    compiled = ft_hf._compiled
+
+    def recording(statistics):
+        def call(*args):
+            result = compiled(statistics)(*args)
+            seen.append((args, result[0]))
+            return result
+        return call
+
+    monkeypatch.setattr(ft_hf, "_compiled", recording)
     flash, eager, exact = _models("llama", ft_hf.NAME, "eager", "eager")
     ids, mask = _prompts()
     with torch.no_grad():
         out = flash.to(dtype)(ids, attention_mask=mask).logits
         ref = eager.to(dtype)(ids, attention_mask=mask).logits
-        x = exact.double()(ids, attention_mask=mask).logits
-    m = compare_with_exact(out, ref, x)
-    assert m.ok, m.problem
+        x = exact.to(dtype).double()(ids, attention_mask=mask).logits
+        assert len(seen) == LAYERS
+        for args, got in seen:
+            m = compare_with_exact(got, ft_hf._program((), False)(*args)[0],
+                                   ft_hf._program((), False)(*map(_double, args))[0])
+            assert m.ok, m.problem
+    err, floor = rel_err(out.double(), x), rel_err(ref.double(), x)
+    assert err <= 1.25 * floor, (err, floor)
     _assert_fused()
 
 

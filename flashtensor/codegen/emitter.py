@@ -253,6 +253,8 @@ class Emitter(Tiles):
         off = self.offset(((Affine.of(v), strides[v]) for v in r.vars), tv)
         mask = self.range_mask(tv)
         val = e if tv or e.isidentifier() else f"tl.full([], {e}, tl.float32)"
+        if dtype == torch.bfloat16 and self.spec.interpret:   # the interpreter's conversion truncates
+            val = round_to(dtype, val)
         val = f"{val}.to({TL[dtype]})"
         if tv:
             shape = ", ".join(str(self.blk[v]) for v in tv)
