@@ -105,7 +105,13 @@ def attention_then_pooled_column_sums(q, k, v):
     return p @ v, F.avg_pool1d(p.sum(dim=-2), kernel_size=3, padding=1, stride=1)   # SnapKV's pooling
 
 
-@pytest.mark.parametrize("fn", [attention_then_running_total, attention_then_pooled_column_sums])
+def attention_then_pooled_running_total(q, k, v):
+    p = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1)
+    col = p.sum(dim=-2)
+    return p @ v, F.avg_pool1d(col, kernel_size=3, padding=1, stride=1) + col.cumsum(dim=-1)
+
+
+@pytest.mark.parametrize("fn", [attention_then_running_total, attention_then_pooled_running_total])
 def test_remainder_runs_through_torch_compile_once_per_plan(fn, monkeypatch):
     """compile_remainder=True (the default on CUDA devices): the remainder is one torch.compile'd FX graph,
     compiled on the plan's first call and reused by later calls, never the evaluator; the answer is eager's.
@@ -124,6 +130,19 @@ def test_remainder_runs_through_torch_compile_once_per_plan(fn, monkeypatch):
     assert prog.launches and prog.remainder.compiled is not None
     assert any(n.op == "opaque" for n in prog.remainder.order), "no opaque call left: pick another op"
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+
+
+def test_a_remainder_of_one_computing_op_is_not_compiled(evaluated, monkeypatch):
+    """SnapKV's pooling of the column sums is one opaque call between views: nothing for Inductor to fuse, so
+    even with compile_remainder=True the evaluator runs it (torch.compile is never called) and the answer is
+    eager's."""
+    monkeypatch.setattr(torch, "compile", lambda *a, **k: pytest.fail("torch.compile was called"))
+    compiled = ft.compile(attention_then_pooled_column_sums, cache=False, compile_remainder=True)
+    q, k, v = qkv(2, 48, 16)
+    assert_close(quiet(compiled, q, k, v), attention_then_pooled_column_sums(q, k, v))
+    prog = program(compiled)
+    assert prog.launches and prog.remainder.compiled is None
+    assert "opaque" in evaluated
 
 
 def test_remainder_falls_back_to_the_evaluator_where_torch_compile_fails(evaluated, caplog):

@@ -4,12 +4,14 @@ The remainder is an opaque op and what depends on it. On CUDA devices it runs as
 function: an FX graph with one call per decomposed node, built per plan (so no two plans share Dynamo's
 per-code cache and its recompile limit), compiled on the plan's first call and reused by every later one.
 Inductor fuses the decomposed primitives back (a softmax is five of them), which the op-by-op evaluator
-cannot; it emulates eager's rounding of half-precision intermediates. Elsewhere the reference evaluator
-(ir/evaluate.py) runs the nodes one by one: on the CPU the kernels only run in Triton's interpreter, where
-times mean nothing, and Inductor's C++ build would add 10 to 20 s to every plan's first call
-(`Options(compile_remainder=True)` asks for it anyway). Inductor may order a reduction differently from eager,
-within the correctness contract (docs/design.md §6); should torch.compile fail, the evaluator takes over for
-good (the reason goes to the debug log).
+cannot; it emulates eager's rounding of half-precision intermediates. A remainder with one computing node
+(SnapKV's pooling of the column sums: one opaque call between views) has nothing to fuse, and Dynamo and
+Inductor would add seconds to the first call for it: the reference evaluator (ir/evaluate.py) runs it, as
+eager would. The evaluator also runs every remainder off CUDA: on the CPU the kernels only run in Triton's
+interpreter, where times mean nothing, and Inductor's C++ build would add 10 to 20 s to every plan's first
+call (`Options(compile_remainder=True)` asks for it anyway). Inductor may order a reduction differently from
+eager, within the correctness contract (docs/design.md §6); should torch.compile fail, the evaluator takes
+over for good (the reason goes to the debug log).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import torch
 
 from ..ir.evaluate import evaluate, symbolic_node
 from ..ir.graph import Graph, Node, topo_order
-from ..ir.ops import EVAL
+from ..ir.ops import EVAL, GROUP, Group
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +43,9 @@ class Remainder:
         # a shape-generic plan's remainder reads the call's sizes, which the evaluator takes and an FX graph of
         # steps with their nodes bound would not
         self.generic = any(symbolic_node(n) for n in self.order if n not in g.inputs and n not in self.ready)
-        if compiled and not self.generic and any(n not in self.ready for n in self.order if n not in g.inputs):
+        computing = [n for n in self.order if n not in g.inputs and n not in self.ready
+                     and GROUP[n.op] not in (Group.SOURCE, Group.LAYOUT)]
+        if compiled and not self.generic and len(computing) > 1:
             self.compiled = torch.compile(_graph_module(g, self.ready, self.order),
                                           options={"emulate_precision_casts": True})
 
