@@ -449,17 +449,48 @@ def gqa_repeat_kv(q, k, v, mask):
     return torch.matmul(p, v).transpose(1, 2).contiguous(), p.sum(dim=-2)
 
 
-def test_dynamic_true_falls_back_to_the_lengths_that_change():
-    """dynamic=True makes the head counts symbolic too, and repeat_kv's reshape of kv_heads x H // kv_heads lines
-    up with H only where kv_heads divides H: the plan generic in every dimension fuses nothing. Each call then
-    planned for its exact shape (a search per length, worse than the default); now the next length plans generic
-    in the dimensions that changed, as by default, and later lengths reuse it."""
+def test_dynamic_true_plans_repeat_kv_once_for_every_group_size():
+    """dynamic=True makes the head counts symbolic, and repeat_kv's reshape to kv_heads x (H // kv_heads) heads
+    lines up with the queries' H only where kv_heads divides H. It was refused, so each call planned for its exact
+    shape; the reshape now lowers under torch's own guard that the two are equal (sizes.guarded_same). One plan
+    serves 4 heads on 2, 6 on 2 and 6 on 3 at four lengths; 4 heads on 4 (no grouping, its guards say kv < H) plan
+    once more."""
     c = ft.compile(gqa_repeat_kv, cache=False, dynamic=True)
-    for n, s in enumerate((32, 48, 80, 17)):
+    for n, (s, h, kv) in enumerate([(32, 4, 2), (48, 6, 2), (80, 6, 3), (17, 4, 2), (40, 4, 4), (20, 4, 4)]):
         g = torch.Generator().manual_seed(n)
-        q, k, v = (torch.randn(1, h, s, 16, generator=g) for h in (4, 2, 2))
+        q, k, v = (torch.randn(1, heads, s, 16, generator=g) for heads in (h, kv, kv))
         mask = torch.full((s, s), torch.finfo(torch.float32).min).triu(1)[None, None]
         _check(gqa_repeat_kv, c, [q, k, v, mask], tol=1e-4)
+    info = c.cache_info()
+    assert info["searches"] == 2 and info["generic"] == 2 and info["hits"] == 4, info
+
+
+def per_pair_of_heads(q, k, v):
+    """Column sums of P averaged over pairs of heads (kvpress's per-KV-head scores for a model with its KV head
+    count written in: the split of the head axis by 2 is fixed)."""
+    p = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1)
+    return p @ v, p.unflatten(1, (2, -1)).mean(2).sum(dim=-2)
+
+
+def test_a_static_split_of_heads_beside_symbolic_lengths_is_generic():
+    """By default only the lengths become symbolic, and splitting the 4 heads into 2 x 2 is static; but the reshape
+    also carries the symbolic lengths, and it was refused as a whole, so every new length searched again (kvpress's
+    per-KV-head scores, a search per prompt length). Each static size is now lowered from static axes."""
+    c = ft.compile(per_pair_of_heads, cache=False)
+    for n, s in enumerate((32, 48, 80, 17)):
+        _check(per_pair_of_heads, c, _inputs(1, 4, s, s, seed=n), tol=1e-4)
+    info = c.cache_info()
+    assert info["searches"] == 2 and info["generic"] == 1 and info["hits"] == 2, info
+
+
+def test_dynamic_true_falls_back_to_the_lengths_that_change():
+    """Under dynamic=True the head axis is symbolic, and splitting it by a constant 2 does not lower: the plan generic
+    in every dimension fuses nothing. Each call then planned for its exact shape (a search per length, worse than
+    the default); now the next length plans generic in the dimensions that changed, as by default, and later
+    lengths reuse it."""
+    c = ft.compile(per_pair_of_heads, cache=False, dynamic=True)
+    for n, s in enumerate((32, 48, 80, 17)):
+        _check(per_pair_of_heads, c, _inputs(1, 4, s, s, seed=n), tol=1e-4)
     info = c.cache_info()
     assert info["generic"] == 1 and info["hits"] == 2 and info["searches"] <= 2, info
 

@@ -163,8 +163,8 @@ class Compiled:
         which kernels hold whole in a tile; a last dimension as long as another, KeyFormer's S x S noise, is
         taken to be that axis); by default those in which this call's or an earlier call's shapes differed from
         the first call of the same structure (as torch.compile's automatic dynamic shapes), which is also what
-        `dynamic=True` falls back to where a plan generic in every dimension fused nothing (GQA's head groups,
-        H // kv_heads, reshape only at some sizes); none with `dynamic=False`."""
+        `dynamic=True` falls back to where a plan generic in every dimension fused nothing (a symbolic head axis
+        split by a constant); none with `dynamic=False`."""
         tensors = [(i, tuple(a.shape)) for i, a in enumerate(call.leaves) if isinstance(a, torch.Tensor)]
         if self.options.dynamic is False:
             return frozenset()

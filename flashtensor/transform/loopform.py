@@ -20,7 +20,7 @@ from ..ir.graph import Graph, Node
 from ..ir.loops import Affine, LNode, LoopGraph, LOutput, NodeTable, Var, loop_topo, stamp, var_union
 from ..ir.ops import BINARY, UNARY, Op
 from ..ir.reasons import NoPlanError, place
-from ..ir.sizes import broadcast_free, divides, same, simpler, symbolic
+from ..ir.sizes import broadcast_free, guarded_same, same, simpler, symbolic
 
 
 class LoweringError(NoPlanError):
@@ -264,13 +264,15 @@ class _Lowerer:
         for size in n.shape:
             ax: list[Var] = []
             have = 1
-            if symbolic(size) or any(symbolic(self.s.find(v).extent) for v in flat):
+            if symbolic(size) or (flat and symbolic(self.s.find(flat[0]).extent)):
                 axes.append(self._symbolic_group(n, size, flat))
                 continue
-            while have < size:
+            while have < size:      # a static size from static axes: whole ones, or a split of one
                 if not flat:
                     raise LoweringError(n, "reshape does not line up with its input")
                 v = self.s.find(flat.pop(0))
+                if symbolic(v.extent):
+                    raise LoweringError(n, "reshape of symbolic sizes that line up only at some sizes")
                 if have * v.extent <= size:
                     ax.append(v)
                     have *= v.extent
@@ -287,18 +289,19 @@ class _Lowerer:
         return _LV(x.node, axes)
 
     def _symbolic_group(self, n: Node, size: Any, flat: list[Var]) -> list[Var]:
-        """The leading input axes whose extents multiply to `size`, where sizes are symbolic: whole axes only, matched
-        by their expressions (a split of a symbolic axis, or axes that only line up at some sizes, do not lower)."""
-        ax: list[Var] = []
-        have: Any = 1
-        while not same(have, size):
-            if not flat:
-                raise LoweringError(n, "reshape does not line up with its input")
-            v = self.s.find(flat.pop(0))
-            if not divides(have * v.extent, size):
-                raise LoweringError(n, "reshape of symbolic sizes that line up only at some sizes")
-            ax.append(v)
-            have = have * v.extent
+        """The leading input axes whose extents multiply to `size`, where sizes are symbolic: whole axes only (a split
+        of a symbolic axis does not lower), equal to `size` by their expressions, else under a guard that they are
+        (sizes.guarded_same): kv_heads x (H // kv_heads) heads are H only where kv_heads divides H."""
+        products: list[Any] = [1]
+        for v in flat:
+            products.append(products[-1] * self.s.find(v).extent)
+        j = next((j for j, have in enumerate(products) if same(have, size)), None)
+        if j is None:
+            j = next((j for j, have in enumerate(products) if guarded_same(have, size)), None)
+        if j is None:
+            raise LoweringError(n, "reshape of symbolic sizes that line up only at some sizes")
+        ax = [self.s.find(v) for v in flat[:j]]
+        del flat[:j]
         return ax
 
     def index(self, n: Node, a: list) -> _LV:
