@@ -39,7 +39,7 @@ from .options import Options, TileConfig
 from .partition.fusable import eager_handoff, fusable_part
 from .partition.plan import KernelPlan, PartitionError, check_boundaries, partitions
 from .runtime import cache as plan_cache
-from .runtime.autotune import candidates, compile_all, median_ms, timed, tune
+from .runtime.autotune import call_ms, candidates, compile_all, timed, tune
 from .runtime.launch import Launch, input_buffers
 from .runtime.plan import Plan, Program
 from .runtime.remainder import compiles_remainder
@@ -258,7 +258,7 @@ def build(fn: Callable, args: list[Any], options: Options = Options(), warned: O
             notes.append(handoff)
         else:
             _plan(plan, call, args, options.cache and knobs.cache(),
-                  lambda entry: _priced(plan, entry, program, fn, args, median_ms))
+                  lambda entry: _priced(plan, entry, program, fn, args, call_ms))
     plan.entry["notes"] = list(dict.fromkeys(notes + plan.entry.get("notes", [])))
     if warned is not None:
         warn_notes(plan.notes, warned)
@@ -307,7 +307,7 @@ def _priced(plan: Plan, entry: dict, program: Callable[[], Program], fn: Callabl
         return entry
     plan.entry = entry
     prog = program()
-    fused_ms = measure(lambda: prog.run(args))
+    fused_ms = measure(lambda: prog.fits(args) and prog.run(args))    # a call's own checks, as it makes them
     try:
         eager_ms = measure(lambda: fn(*args))
     except torch.OutOfMemoryError:      # eager cannot run this call at all (a long S x S): the kernels win

@@ -303,6 +303,10 @@ def test_a_plan_slower_than_the_function_itself_runs_eager(fused_ms, eager_ms, r
     ran = []
 
     class Stub:
+        def fits(self, args):
+            ran.append("fits")
+            return True
+
         def run(self, args):
             ran.append("kernels")
 
@@ -317,7 +321,7 @@ def test_a_plan_slower_than_the_function_itself_runs_eager(fused_ms, eager_ms, r
 
     entry = {"eager": False, "kernels": [], "notes": []}
     out = driver._priced(Plan(), entry, Stub, fn, [1, 2], measure)
-    assert ran == ["kernels", "eager"]
+    assert ran == ["fits", "kernels", "eager"]     # the plan timed with the checks a call makes
     assert out["eager"] is runs_eager
     if runs_eager:
         assert out["notes"] == [f"the fused kernels took {fused_ms:.3f} ms and eager PyTorch {eager_ms:.3f} ms on "
@@ -334,6 +338,9 @@ def test_a_plan_stands_where_the_function_itself_runs_out_of_memory():
     from flashtensor.runtime.plan import Plan
 
     class Stub:
+        def fits(self, args):
+            return True
+
         def run(self, args):
             pass
 
@@ -342,3 +349,23 @@ def test_a_plan_stands_where_the_function_itself_runs_out_of_memory():
 
     entry = {"eager": False, "kernels": [], "notes": []}
     assert driver._priced(Plan(), entry, Stub, fn, [1, 2], lambda f: f() or 1.0) is entry
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("device_ms,sleep_ms,lo,hi,n", [(5.0, 0.0, 5.0, 5.0, 2), (0.1, 2.0, 2.0, 10.0, 5)])
+def test_a_call_is_priced_at_its_device_or_its_host_time(device_ms, sleep_ms, lo, hi, n):
+    """autotune.call_ms: a call the device bounds costs the device's median (and is run back to back for about
+    10 ms only); one the host bounds (2 ms of host work per call against 0.1 ms on the device, as a small decode
+    call's launches) costs its wall time per call."""
+    import time
+
+    from flashtensor.runtime.autotune import call_ms
+
+    calls = []
+
+    def f():
+        calls.append(1)
+        time.sleep(sleep_ms / 1e3)
+
+    ms = call_ms(f, device_ms=lambda g: device_ms, sync=lambda: None, calls=5)
+    assert lo <= ms <= hi and len(calls) == n, (ms, len(calls))

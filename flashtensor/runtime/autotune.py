@@ -6,6 +6,7 @@ kernels before it produced. On the CPU (Triton's interpreter) the first config i
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional, Sequence
 
@@ -99,3 +100,20 @@ def median_ms(f: Callable[[], object]) -> float:
     """f's median time on the device in ms (a first call inside, so a compile on it is not timed)."""
     import triton.testing
     return float(triton.testing.do_bench(f, warmup=10, rep=50, return_mode="median"))
+
+
+def call_ms(f: Callable[[], object], device_ms: Callable[[Callable[[], object]], float] = median_ms,
+            sync: Callable[[], object] = torch.cuda.synchronize, calls: int = 20) -> float:
+    """f's time per call as its caller sees it, in ms: the device's median (`device_ms`, the L2 cache flushed
+    before each call), or where the host cannot issue calls that fast (the launches, guards and allocations of
+    a small call), the wall time per call of up to `calls` back-to-back calls (fewer for a long call: about
+    10 ms of them), whichever is longer. Pricing by the device's time alone kept plans whose host time made
+    them slower than eager."""
+    device = device_ms(f)
+    n = max(1, min(calls, int(10 / max(device, 1e-3))))
+    sync()
+    start = time.perf_counter()
+    for _ in range(n):
+        f()
+    sync()
+    return max(device, (time.perf_counter() - start) * 1e3 / n)
