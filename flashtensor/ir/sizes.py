@@ -58,11 +58,9 @@ def same(a: Any, b: Any) -> bool:
 
 
 def guarded_same(a: Any, b: Any) -> bool:
-    """Whether a == b: by their expressions, else where the traced sizes agree, under a guard that they do (the
-    plan then serves only calls where they are equal): repeat_kv's `kv_heads * (heads // kv_heads)` is `heads`
-    exactly where kv_heads divides heads."""
-    if same(a, b):
-        return True
+    """Whether a == b where the traced sizes agree, under a guard that they do (the plan then serves only calls
+    where they are equal); for sizes that `same` does not find equal by their expressions: repeat_kv's
+    `kv_heads * (heads // kv_heads)` is `heads` exactly where kv_heads divides heads."""
     return hint(a) == hint(b) and bool(a == b)
 
 
