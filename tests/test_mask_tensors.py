@@ -135,15 +135,31 @@ def _compiled(fn, args, tiles=TILES):
     return compiled, prog
 
 
-def _buffers(prog, args):
-    """Every buffer of one run of the plan's kernels (the pre-passes' ranges among them)."""
+def _run(prog, args) -> tuple[dict, int]:
+    """One run of the plan's kernels in Triton's interpreter: every buffer (the pre-passes' ranges among them) and
+    the tl.dot calls made, which count the loop tiles the kernels visit."""
     tensors = [args[i] for i in prog.tensor_positions]
-    return run_kernels(prog.launches, tensors + prog.consts, tensors[0].device, prog.sizes(tensors))
+    count = [0]
+    dot = interpreter.InterpreterBuilder.create_dot
+
+    def counted(self, *a, **k):
+        count[0] += 1
+        return dot(self, *a, **k)
+    interpreter.InterpreterBuilder.create_dot = counted
+    try:
+        bufs = run_kernels(prog.launches, tensors + prog.consts, tensors[0].device, prog.sizes(tensors))
+    finally:
+        interpreter.InterpreterBuilder.create_dot = dot
+    return bufs, count[0]
 
 
-def _ranges(prog, args) -> list[torch.Tensor]:
-    """Each kernel's run-time ranges (batch entries, row tiles, 2), in plan order (None for a kernel without)."""
-    bufs = _buffers(prog, args)
+def _buffers(prog, args):
+    return _run(prog, args)[0]
+
+
+def _ranges(bufs: dict, prog) -> list[torch.Tensor]:
+    """Each kernel's run-time ranges (batch entries, row tiles, 2) in `bufs`, in plan order (None for a kernel
+    without)."""
     return [next((bufs[b.source] for b in k.buffers if b.source[0] == "ranges"), None) for k in prog.kernels]
 
 
@@ -180,24 +196,6 @@ def _check_ranges(r: torch.Tensor, masked: torch.Tensor, transposed: bool = Fals
     return visited, total
 
 
-def _dots(compiled, args) -> int:
-    """tl.dot calls of one call of a planned program, in Triton's interpreter: the loop tiles its kernels visit."""
-    count = [0]
-    dot = interpreter.InterpreterBuilder.create_dot
-
-    def counted(self, *a, **k):
-        count[0] += 1
-        return dot(self, *a, **k)
-    interpreter.InterpreterBuilder.create_dot = counted
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            compiled(*args)
-    finally:
-        interpreter.InterpreterBuilder.create_dot = dot
-    return count[0]
-
-
 def _skips(fn, args, masked, none, tiles=TILES, rows=BLOCK) -> None:
     """fn(*args) matches eager, explain lists run-time regions, its ranges leave out masked tiles only, and the
     kernel visits exactly the tiles in them: its dots against those of fn on `none`, the arguments with a mask that
@@ -205,16 +203,20 @@ def _skips(fn, args, masked, none, tiles=TILES, rows=BLOCK) -> None:
     compiled, prog = _compiled(fn, args, tiles)
     props = ft.explain(compiled, *args).properties
     assert props[0].runtime and not props[0].skipped, props
-    visited, total = _check_ranges(_ranges(prog, args)[0], masked, rows=rows, split=tiles[0].block_row // rows)
+    bufs, dots = _run(prog, args)
+    visited, total = _check_ranges(_ranges(bufs, prog)[0], masked, rows=rows, split=tiles[0].block_row // rows)
     assert visited < total
-    unmasked, _ = _compiled(fn, none, tiles)
-    assert _dots(compiled, args) * total == _dots(unmasked, none) * visited
+    # the mask is an input: the same callable's plan for it (the same one where the strides match) visits every tile
+    assert dots * total == _run(compiled.program_for(none), none)[1] * visited
 
 
 # ---- additive masks passed in ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("mask", list(MASKS))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+# every mask in float32; in half precision (its own finfo.min) the two with fully masked rows and a gap
+@pytest.mark.parametrize("mask, dtype", [(m, torch.float32) for m in MASKS] +
+                         [(m, dt) for dt in (torch.float16, torch.bfloat16) for m in ("left_padding", "sinks")],
+                         ids=[f"{dt}-{m}" for dt in ("fp32",) for m in MASKS] +
+                         [f"{dt}-{m}" for dt in ("fp16", "bf16") for m in ("left_padding", "sinks")])
 def test_hf_additive_masks_skip_their_masked_tiles(mask, dtype):
     keep = MASKS[mask]()
     q, k, v = _qkv(dtype)
@@ -240,7 +242,8 @@ def test_sinks_and_a_window_leave_a_gap():
     q, k, v = _qkv(torch.float32, 10)
     args = (q, k, v, _additive(keep, torch.float32))
     _skips(hf_attention, args, ~keep[:, 0], (q, k, v, _additive(keep | True, torch.float32)))
-    r = _ranges(_compiled(hf_attention, args)[1], args)[0]
+    prog = _compiled(hf_attention, args)[1]
+    r = _ranges(_buffers(prog, args), prog)[0]
     assert (r[..., 3] > r[..., 2]).any(), r
 
 
@@ -311,7 +314,7 @@ def test_column_sums_skip_by_ranges_over_query_tiles(mask, dtype):
     args = (q, k, v, _additive(keep, dtype))
     compiled, prog = _compiled(hf_h2o, args)
     assert len(prog.kernels) == 2 and all(p.runtime for p in ft.explain(compiled, *args).properties)
-    rows, cols = _ranges(prog, args)
+    rows, cols = _ranges(_buffers(prog, args), prog)
     assert _check_ranges(rows, ~keep[:, 0])[0] < _check_ranges(rows, ~keep[:, 0])[1]
     visited, total = _check_ranges(cols, ~keep[:, 0], transposed=True)
     assert visited < total
@@ -346,10 +349,11 @@ def test_captured_bool_masks_skip_their_masked_tiles(mask, fill):
     fn = captured_attention(keep, fill)
     compiled, prog = _compiled(fn, (q, k, v))
     assert ft.explain(compiled, q, k, v).properties[0].runtime
-    visited, total = _check_ranges(_ranges(prog, (q, k, v))[0], ~keep[None])
+    bufs, dots = _run(prog, (q, k, v))
+    visited, total = _check_ranges(_ranges(bufs, prog)[0], ~keep[None])
     assert visited < total
-    unmasked, _ = _compiled(captured_attention(torch.ones(S, S, dtype=torch.bool), fill), (q, k, v))
-    assert _dots(compiled, (q, k, v)) * total == _dots(unmasked, (q, k, v)) * visited
+    _, unmasked = _compiled(captured_attention(torch.ones(S, S, dtype=torch.bool), fill), (q, k, v))
+    assert dots * total == _run(unmasked, (q, k, v))[1] * visited
 
 
 def test_one_generic_plan_serves_every_length():
@@ -371,7 +375,7 @@ def test_one_generic_plan_serves_every_length():
         assert_close(out, hf_attention(*args))
         prog = compiled.program_for(args)
         assert prog.generic and prog.kernels[0].prologues, prog.notes
-        visited, total = _check_ranges(_ranges(prog, args)[0], ~keep[:, 0])
+        visited, total = _check_ranges(_ranges(_buffers(prog, args), prog)[0], ~keep[:, 0])
         assert visited < total
     assert compiled.cache_info()["searches"] == 1, compiled.cache_info()
 

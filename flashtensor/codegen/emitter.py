@@ -230,7 +230,7 @@ class Emitter(Tiles):
     def extreme(self, n: LNode, kind: str, e: str, axis: int) -> str:
         """max/min of tile e along axis for reduction n: the GPU's fast, NaN-skipping one where
         analysis.facts.nan_absorbing_maxima allows it, else one that propagates NaN as torch does."""
-        return f"tl.{kind}({e}, axis={axis})" if n in self.nan_free else f"tl.reduce({e}, {axis}, {NAN_REDUCE[kind]})"
+        return f"tl.{kind}({e}, axis={axis})" if n in self.nan_free else f"{NAN_REDUCE[kind]}({e}, {axis})"
 
     def store(self, r: LNode, out: Optional[LOutput], ctx: "Body") -> None:
         """Write root r to its program output, or to an intermediate buffer for later kernels."""

@@ -15,7 +15,7 @@ HALF = (torch.float16, torch.bfloat16)
 UNARY: dict[Op, str] = {op: e.triton for op, e in ELEMENTWISE.items() if GROUP[op] is Group.UNARY and e.triton}
 BINARY: dict[Op, str] = {op: e.triton for op, e in ELEMENTWISE.items() if GROUP[op] is Group.BINARY and e.triton}
 # tl.max/tl.min drop NaNs (maxnum); torch's amax/amin/maximum propagate them, so kernels reduce with these
-NAN_REDUCE = {"max": "_max_nan", "min": "_min_nan"}
+NAN_REDUCE = {"max": "_max_over", "min": "_min_over"}
 
 
 def lit(v: Any) -> str:

@@ -63,6 +63,27 @@ def _min_nan(a, b):
 
 
 @triton.jit
+def _max_over(x, axis: tl.constexpr):
+    # torch's amax over `axis`: NaN where any element is (tl.max drops NaNs). The interpreter runs a reduction
+    # with a combine function element by element in Python, so there it takes tl.max and a sum that is 0 or NaN
+    if _INTERPRETED:
+        nan = tl.sum(tl.where(x == x, 0, x), axis)
+        return tl.where(nan == nan, tl.max(x, axis), nan).to(x.dtype)
+    else:
+        return tl.reduce(x, axis, _max_nan)
+
+
+@triton.jit
+def _min_over(x, axis: tl.constexpr):
+    # torch's amin over `axis`, as _max_over
+    if _INTERPRETED:
+        nan = tl.sum(tl.where(x == x, 0, x), axis)
+        return tl.where(nan == nan, tl.min(x, axis), nan).to(x.dtype)
+    else:
+        return tl.reduce(x, axis, _min_nan)
+
+
+@triton.jit
 def _with_check(x, t, FIRST: tl.constexpr):
     # x + t in the first pass, where t is a check's x * 0 (NaN where the checked value is not finite), so
     # the sum that x feeds also carries the check; x alone in the fixup pass
