@@ -47,6 +47,9 @@ from fuzz_programs import (
 
 EXAMPLES = int(os.environ.get("FLASHTENSOR_FUZZ_EXAMPLES", "12"))
 SEED = os.environ.get("FLASHTENSOR_FUZZ_SEED")
+# where set, a file that gets one line per drawn program as it ends: its outcome (or "fail") and whether it was
+# expected to fuse; scripts/fuzz_campaign.py reads it to report a campaign it stops at its time limit
+LOG = os.environ.get("FLASHTENSOR_FUZZ_LOG")
 # relative distance to a threshold within which eager's own rounding may flip a comparison
 NEAR = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 TALLY: Counter = Counter()
@@ -241,7 +244,12 @@ def _report(request):
 @given(specs())
 def _campaign(spec: Spec):
     TALLY["tried"] += 1
-    result = outcome(run_spec(spec))
+    try:
+        result = outcome(run_spec(spec))
+    except BaseException:
+        _log("fail", spec)
+        raise
+    _log(result, spec)
     TALLY[result] += 1
     if expected_to_fuse(spec):
         TALLY["expected"] += 1
@@ -250,6 +258,12 @@ def _campaign(spec: Spec):
 
 if SEED is not None:
     _campaign = seed(int(SEED))(_campaign)
+
+
+def _log(result: str, spec: Spec) -> None:
+    if LOG:
+        with open(LOG, "a") as f:
+            f.write(f"{result} {int(expected_to_fuse(spec))}\n")
 
 
 # The share of the drawn programs expected to fuse that must run wholly in kernels (the test says what was seen).
