@@ -63,24 +63,28 @@ def _min_nan(a, b):
 
 
 @triton.jit
+def _nan_where_any(r, x, axis: tl.constexpr):
+    # r, x reduced over `axis` by tl.max or tl.min (which drop NaNs), made NaN where x holds one: a sum that is
+    # 0 or NaN. The interpreter's form of _max_over and _min_over: it runs a reduction with a combine function
+    # element by element in Python
+    nan = tl.sum(tl.where(x == x, 0, x), axis)
+    return tl.where(nan == nan, r, nan).to(x.dtype)
+
+
+@triton.jit
 def _max_over(x, axis: tl.constexpr):
-    # torch's amax over `axis`: NaN where any element is (tl.max drops NaNs). The interpreter runs a reduction
-    # with a combine function element by element in Python, so there it takes tl.max and a sum that is 0 or NaN
+    # torch's amax over `axis`: NaN where any element is
     if _INTERPRETED:
-        nan = tl.sum(tl.where(x == x, 0, x), axis)
-        return tl.where(nan == nan, tl.max(x, axis), nan).to(x.dtype)
-    else:
-        return tl.reduce(x, axis, _max_nan)
+        return _nan_where_any(tl.max(x, axis), x, axis)
+    return tl.reduce(x, axis, _max_nan)
 
 
 @triton.jit
 def _min_over(x, axis: tl.constexpr):
-    # torch's amin over `axis`, as _max_over
+    # torch's amin over `axis`: NaN where any element is
     if _INTERPRETED:
-        nan = tl.sum(tl.where(x == x, 0, x), axis)
-        return tl.where(nan == nan, tl.min(x, axis), nan).to(x.dtype)
-    else:
-        return tl.reduce(x, axis, _min_nan)
+        return _nan_where_any(tl.min(x, axis), x, axis)
+    return tl.reduce(x, axis, _min_nan)
 
 
 @triton.jit
