@@ -67,8 +67,11 @@ def _nan_where_any(r, x, axis: tl.constexpr):
     # r, x reduced over `axis` by tl.max or tl.min (which drop NaNs), made NaN where x holds one: a sum that is
     # 0 or NaN. The interpreter's form of _max_over and _min_over: it runs a reduction with a combine function
     # element by element in Python
-    nan = tl.sum(tl.where(x == x, 0, x), axis)
-    return tl.where(nan == nan, r, nan).to(x.dtype)
+    if x.dtype.is_floating():
+        xf = x.to(tl.float32)       # the interpreter's bf16 NaN compares equal to itself
+        nan = tl.sum(tl.where(xf == xf, 0.0, xf), axis)
+        r = tl.where(nan == nan, r.to(tl.float32), nan)
+    return r.to(x.dtype)
 
 
 @triton.jit
