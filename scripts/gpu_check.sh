@@ -37,7 +37,7 @@ held)
     # no REUSE: the timed phase tunes and prices each plan against eager on a quiet machine (a plan priced beside
     # eleven compiling processes can keep kernels that are slower than eager once the machine is quiet)
     d=${2:-fp16,bf16}
-    JOBS=12 bash scripts/held_gpu.sh --dtypes "$d" --rep 15 --rounds 1 --json "$OUT/held_${d/,/_}.json" ;;
+    JOBS=12 bash scripts/held_gpu.sh --dtypes "$d" --rep 15 --rounds 3 --json "$OUT/held_${d/,/_}.json" ;;
 generic)
     G="python -m flashtensor.bench.generic"
     export FLASHTENSOR_CACHE_DIR=/tmp/ft-cache-cold; rm -rf "$FLASHTENSOR_CACHE_DIR"
