@@ -213,10 +213,11 @@ def _skips(fn, args, masked, none, tiles=TILES, rows=BLOCK) -> None:
 # ---- additive masks passed in ----------------------------------------------------------------------------------------
 
 # every mask in float32; in half precision (its own finfo.min) the two with fully masked rows and a gap
-@pytest.mark.parametrize("mask, dtype", [(m, torch.float32) for m in MASKS] +
-                         [(m, dt) for dt in (torch.float16, torch.bfloat16) for m in ("left_padding", "sinks")],
-                         ids=[f"{dt}-{m}" for dt in ("fp32",) for m in MASKS] +
-                         [f"{dt}-{m}" for dt in ("fp16", "bf16") for m in ("left_padding", "sinks")])
+@pytest.mark.parametrize("mask, dtype", [
+    pytest.param(m, dt, id=f"{name}-{m}")
+    for name, dt, masks in (("fp32", torch.float32, list(MASKS)), ("fp16", torch.float16, ["left_padding", "sinks"]),
+                            ("bf16", torch.bfloat16, ["left_padding", "sinks"]))
+    for m in masks])
 def test_hf_additive_masks_skip_their_masked_tiles(mask, dtype):
     keep = MASKS[mask]()
     q, k, v = _qkv(dtype)
