@@ -23,16 +23,20 @@ OUT=${OUT:-out}; mkdir -p "$OUT"
 W="attn h2o roco keyformer snapkv corm gemma2"
 case "${1:-}" in
 fuzz)
-    # a process per core, stopped at 9 minutes; what each finished by then counts (a program takes some 25 s)
+    # a process per core, stopped at 9 minutes (FUZZ_SECONDS); what each finished by then counts (a program takes
+    # some 15 s); SEEDS="103 107" replays those processes of a campaign alone
     read -r -a dts <<< "${2:-fp16 bf16}"
     p=$((16 / ${#dts[@]}))
     for d in "${dts[@]}"; do
         seed=$([ "$d" = fp16 ] && echo 100 || echo 200)
-        python scripts/fuzz_campaign.py -p "$p" -n 60 --seconds 540 --dtypes "$d" --seed "$seed" \
+        which=(-p "$p" --seed "$seed"); [ -n "${SEEDS:-}" ] && which=(--seeds "${SEEDS// /,}")
+        python scripts/fuzz_campaign.py "${which[@]}" -n 60 --seconds "${FUZZ_SECONDS:-540}" --dtypes "$d" \
             > "$OUT/fuzz_$d.log" 2>&1 &
     done
-    wait
-    for d in "${dts[@]}"; do tail -n 3 "$OUT/fuzz_$d.log"; done ;;
+    rc=0
+    for job in $(jobs -p); do wait "$job" || rc=1; done
+    for d in "${dts[@]}"; do grep -v "^seed " "$OUT/fuzz_$d.log" | tail -n 40; done
+    exit $rc ;;
 held)
     # no REUSE: the timed phase tunes and prices each plan against eager on a quiet machine (a plan priced beside
     # eleven compiling processes can keep kernels that are slower than eager once the machine is quiet)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import traceback
 import warnings
 from collections import Counter
 from typing import Callable, Optional
@@ -50,6 +51,9 @@ SEED = os.environ.get("FLASHTENSOR_FUZZ_SEED")
 # where set, a file that gets one line per drawn program as it ends: its outcome (or "fail") and whether it was
 # expected to fuse; scripts/fuzz_campaign.py reads it to report a campaign it stops at its time limit
 LOG = os.environ.get("FLASHTENSOR_FUZZ_LOG")
+# where set (a campaign), a failing program is written to LOG's ".fails" file with its error and the draw goes on;
+# the test fails at the end. Unset, the first failure stops the draw and hypothesis shrinks it.
+KEEP_GOING = os.environ.get("FLASHTENSOR_FUZZ_KEEP_GOING") == "1"
 # relative distance to a threshold within which eager's own rounding may flip a comparison
 NEAR = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 TALLY: Counter = Counter()
@@ -246,9 +250,13 @@ def _campaign(spec: Spec):
     TALLY["tried"] += 1
     try:
         result = outcome(run_spec(spec))
-    except BaseException:
+    except Exception as e:
         _log("fail", spec)
-        raise
+        if not KEEP_GOING:
+            raise
+        TALLY["fail"] += 1
+        _log_failure(spec, e)
+        return
     _log(result, spec)
     TALLY[result] += 1
     if expected_to_fuse(spec):
@@ -264,6 +272,15 @@ def _log(result: str, spec: Spec) -> None:
     if LOG:
         with open(LOG, "a") as f:
             f.write(f"{result} {int(expected_to_fuse(spec))}\n")
+
+
+def _log_failure(spec: Spec, e: Exception) -> None:
+    """The spec, to replay as a FOUND entry, and the error: its first line (a Triton compile error's message goes
+    on with the whole kernel) and the innermost frame."""
+    where = traceback.extract_tb(e.__traceback__)[-1]
+    first = (str(e).strip().splitlines() or [""])[0][:400]
+    with open(f"{LOG}.fails", "a") as f:
+        f.write(f"{spec!r}\n    {type(e).__name__}: {first}\n    at {where.filename}:{where.lineno}\n")
 
 
 # The share of the drawn programs expected to fuse that must run wholly in kernels (the test says what was seen).
@@ -286,6 +303,7 @@ def test_random_programs_match_eager():
     _campaign()
     got = TALLY - before
     assert got["tried"] > 0
+    assert not got["fail"], f"{got['fail']} programs failed (their specs are in {LOG}.fails): {dict(got)}"
     assert got["expected_fused"] >= FUSED_FLOOR * got["expected"], f"only {got['expected_fused']} of " \
         f"{got['expected']} programs expected to fuse fused: {dict(got)}"
 
