@@ -10,9 +10,9 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from ..driver import FallbackWarning, build, retune, warn_notes
-from ..ir.sizes import bucket
 from ..options import Options
 from ..runtime.autotune import timed
+from ..runtime.launch import MEMO
 from ..runtime.plan import Program
 from .guards import Call, Guards, name_of, version
 
@@ -36,6 +36,7 @@ class Compiled:
         self._first: dict[tuple, tuple[list[tuple[int, ...]], set[tuple[int, int]]]] = {}
         # (structure, dimensions) whose shape-generic plan fused nothing: its notes
         self.refused: dict[tuple, list[str]] = {}
+        self._served: dict[tuple, Program] = {}     # generic programs by the exact keys of calls they served
         # per program: the tensors the plan baked in, with their versions then, and whether any requires grad
         self._baked: dict[int, tuple[list[tuple[torch.Tensor, int]], bool]] = {}
         self._counts = {"searches": 0, "tunes": 0, "hits": 0, "misses": 0}
@@ -77,24 +78,36 @@ class Compiled:
 
     def _held(self, call: Call, tune: bool = False) -> Optional[Program]:
         """The program held for this call: the one for its exact key, or a generic one whose guards admit it, tuned
-        for its length bucket where the device times kernels. With `tune`, a generic program tuned for another
-        bucket is tuned again for this one (driver.retune: its search reused)."""
-        prog = self.programs.get(self._guards.key(call))
+        for its length bucket where the device times kernels (remembered by the exact key, in `_served`). With
+        `tune`, a generic program tuned for another bucket is tuned again for this one (driver.retune: its search
+        reused)."""
+        key = self._guards.key(call)
+        prog = self.programs.get(key) or self._served.get(key)
         if prog is not None and self._fresh(prog):
             return prog
         held = self.generic.get(self._guards.key(call, shapes=False), [])
         fitting = [p for p in held if p.fits(call.leaves) and self._fresh(p)]
-        if not fitting or not timed(fitting[0].device):
-            return fitting[0] if fitting else None
-        now = bucket(fitting[0].sizes([call.leaves[i] for i in fitting[0].tensor_positions]))
-        same = [p for p in fitting if p.bucket == now]
-        if same or not tune:
-            return same[0] if same else None
-        prog = retune(fitting[0], call.leaves, self.options)
-        if prog is not None:
-            self._counts["tunes"] += 1
-            self._baked[id(prog)] = self._baked[id(fitting[0])]
-            held.append(prog)
+        if not fitting:
+            return None
+        prog = fitting[0]
+        if timed(prog.device):
+            at = prog.at([call.leaves[i] for i in prog.tensor_positions])
+            same = [p for p in fitting if at is not None and p.bucket == at[1]]
+            if same:
+                prog = same[0]
+            elif not tune:
+                return None
+            else:
+                tuned = retune(prog, call.leaves, self.options)
+                if tuned is None:
+                    return None
+                self._counts["tunes"] += 1
+                self._baked[id(tuned)] = self._baked[id(prog)]
+                held.append(tuned)
+                prog = tuned
+        if len(self._served) >= MEMO:
+            self._served.clear()
+        self._served[key] = prog
         return prog
 
     def _plan(self, call: Call) -> tuple[Program, bool]:

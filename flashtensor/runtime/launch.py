@@ -6,7 +6,7 @@ import hashlib
 import importlib.util
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
@@ -38,11 +38,61 @@ def load_kernel(k: KernelSource, name: Optional[str] = None) -> Any:
     return getattr(mod, name or k.name)
 
 
+MEMO = 256            # sizes whose launches a kernel keeps worked out (a decode loop brings a new one per token)
+
+
+@dataclass
+class Step:
+    """One launch of a call: a kernel or a companion at its grid, its tensor arguments by buffer key (`inputs`: the
+    positions among them of the program's inputs), its size arguments' values and its launch options. On a GPU it
+    launches the compiled kernel itself, found in `kernels` (the Launch's, shared by the steps of every call's
+    sizes) by what Triton specialised it on: the function and its options, the sizes' (`spec`) and the alignment of
+    the inputs' pointers (a view into a larger tensor may not be aligned); dtypes are fixed for a plan."""
+    fn: Any
+    grid: tuple[int]
+    buffers: list[Any]
+    sizes: list[int]
+    options: dict[str, Any]
+    inputs: list[int]
+    kernels: dict[tuple, Any]
+    spec: tuple
+
+    def launch(self, buffers: dict) -> None:
+        args = [buffers[b] for b in self.buffers] + self.sizes
+        if not _direct(args[0].device):
+            self.fn[self.grid](*args, **self.options)
+            return
+        key = (self.spec, _current_device(), *[args[i].data_ptr() % 16 == 0 for i in self.inputs])
+        kernel = self.kernels.get(key)
+        if kernel is None:      # Triton's own path the first time, which compiles or finds the kernel
+            kernel = self.fn[self.grid](*args, **self.options)
+            self.kernels[key] = kernel.result() if hasattr(kernel, "result") else kernel
+            return
+        full = args + self.constants
+        stream = _current_stream(key[1])
+        hooks = _triton()[1]
+        kernel.run(self.grid[0], 1, 1, stream, kernel.function, kernel.packed_metadata,
+                   kernel.launch_metadata(self.grid, stream, *full), hooks.launch_enter_hook, hooks.launch_exit_hook,
+                   *full)
+
+    @functools.cached_property
+    def constants(self) -> list[Any]:
+        """The values of the kernel's constexpr parameters after its arguments, which a direct launch passes too."""
+        return [self.options[name] for name in self.fn.arg_names[len(self.buffers) + len(self.sizes):]]
+
+
+def _size_spec(n: int) -> tuple[bool, bool, bool]:
+    """What Triton may specialise an int argument on: 1 (a constant), divisible by 16, the width it needs."""
+    return n == 1, n % 16 == 0, -2 ** 31 <= n < 2 ** 31
+
+
 @dataclass
 class Launch:
     source: KernelSource
     fn: Any
     ms: float = 0.0          # the tuner's median time on the device (0 where nothing was timed)
+    _memo: dict[tuple, Any] = field(default_factory=dict, repr=False, compare=False)      # steps and allocations
+    _kernels: dict[tuple, Any] = field(default_factory=dict, repr=False, compare=False)   # Step.kernels
 
     def __call__(self, buffers: dict, fixup: bool = False, after_prior: bool = False) -> None:
         """MODE=0: the kernel, each program also checking its piece of the inputs; MODE=1: the fixup pass
@@ -50,47 +100,67 @@ class Launch:
         the device has them, which may start while the plan's kernel before it on the stream finishes (its
         programs first wait for that kernel's writes): the launch gap between a plan's kernels goes. Only
         the plan's own kernels after its first are launched so; any kernel's wait is a no-op otherwise."""
-        for fn, grid, args, options in self.steps(buffers, fixup, after_prior):
-            fn[grid](*args, **options)
+        for step in self.steps(buffers, fixup, after_prior):
+            step.launch(buffers)
 
     def compile(self, buffers: dict, fixup: bool = False, after_prior: bool = False) -> None:
         """Compile what the same call would launch, launching nothing (Triton's warmup): the tuner compiles its
         candidates side by side before it times them one by one."""
-        for fn, grid, args, options in self.steps(buffers, fixup, after_prior):
-            fn.warmup(*args, grid=grid, **options)
+        for step in self.steps(buffers, fixup, after_prior):
+            step.fn.warmup(*[buffers[b] for b in step.buffers], *step.sizes, grid=step.grid, **step.options)
 
-    def steps(self, buffers: dict, fixup: bool, after_prior: bool) -> list[tuple[Any, tuple[int], list, dict]]:
-        """The launches of one call, in order, as (function, grid, arguments, options): the pre-passes (not in the
-        fixup pass, which computes every tile and reads no run-time range), the kernel, and the combine of a split
-        loop (in the fixup pass too, after it recomputed the pieces; none where the count comes to 1)."""
-        src = self.source
+    def steps(self, buffers: dict, fixup: bool, after_prior: bool) -> list[Step]:
+        """The launches of one call, in order (`_steps`), worked out once per sizes, device and mode."""
         sizes = buffers.get(SIZES, {})
+        device = buffers[self.source.buffers[0].source].device
+        return _memoised(self._memo, (tuple(sizes.items()), device, fixup, after_prior),
+                         lambda: self._steps(sizes, device, fixup, after_prior))
+
+    def _steps(self, sizes: Mapping[str, int], device: torch.device, fixup: bool, after_prior: bool) -> list[Step]:
+        """The pre-passes (not in the fixup pass, which computes every tile and reads no run-time range), the
+        kernel, and the combine of a split loop (in the fixup pass too, after it recomputed the pieces; none where
+        the count comes to 1)."""
+        src = self.source
         tiles, splits, merged, *before = self._grids(sizes)
-        args = [buffers[b.source] for b in src.buffers] + [sizes[n] for n in src.sizes]
-        pdl = _dependent_launch(args[0].device)     # the code waits, and lets the next kernel launch early
+        pdl = _dependent_launch(device)     # the code waits, and lets the next kernel launch early
+
+        def step(fn: Any, grid: int, buffers: list[Buffer], names: list[str], **options: Any) -> Step:
+            keys = [b.source for b in buffers]
+            values = [sizes[n] for n in names]
+            spec = (id(fn), tuple(sorted(options.items())), tuple(map(_size_spec, values)))
+            return Step(fn, (grid,), keys, values, options, [i for i, k in enumerate(keys) if _is_input(k)],
+                        self._kernels, spec)
+
         out = []
         for p, fn, n in zip(src.prologues if not fixup else [], self.prologues, before):
-            out.append((fn, (n,), [buffers[b.source] for b in p.buffers] + [sizes[x] for x in p.sizes],
-                        {"PDL": pdl, "launch_pdl": pdl and after_prior, "num_warps": p.num_warps}))
+            out.append(step(fn, n, p.buffers, p.sizes, PDL=pdl, launch_pdl=pdl and after_prior,
+                            num_warps=p.num_warps))
             after_prior = True
-        out.append((self.fn, (min(tiles, src.fixup_programs),) if fixup else (tiles,), args,
-                    {"MODE": int(fixup), "PDL": pdl, "launch_pdl": pdl and after_prior, "num_warps": src.num_warps,
-                     "num_stages": src.num_stages}))
+        out.append(step(self.fn, min(tiles, src.fixup_programs) if fixup else tiles, src.buffers, src.sizes,
+                        MODE=int(fixup), PDL=pdl, launch_pdl=pdl and after_prior, num_warps=src.num_warps,
+                        num_stages=src.num_stages))
         c = src.combine
         if c is not None and splits != 1:
-            out.append((self.combine, (merged,), [buffers[b.source] for b in c.buffers] + [sizes[x] for x in c.sizes],
-                        {"MODE": int(fixup), "PDL": pdl, "launch_pdl": pdl, "num_warps": c.num_warps}))
+            out.append(step(self.combine, merged, c.buffers, c.sizes, MODE=int(fixup), PDL=pdl, launch_pdl=pdl,
+                            num_warps=c.num_warps))
         return out
 
     def allocate(self, buffers: dict, device: torch.device) -> None:
         """Create the outputs, intermediates and the (zeroed) finite-check flag this kernel and its companions
         use that `buffers` does not hold yet."""
-        shapes = self._shapes(buffers.get(SIZES, {}))
-        for b, shape in zip(self._buffers, shapes):
-            if b.source == FINITE and FINITE not in buffers:
-                buffers[FINITE] = torch.zeros(shape, dtype=b.dtype, device=device)
-            elif b.source not in buffers:
-                buffers[b.source] = torch.empty(shape, dtype=b.dtype, device=device)
+        sizes = buffers.get(SIZES, {})
+        for source, shape, dtype in _memoised(self._memo, ("allocate", tuple(sizes.items())),
+                                              lambda: self._allocations(sizes)):
+            if source not in buffers:
+                buffers[source] = (torch.zeros if source == FINITE else torch.empty)(shape, dtype=dtype, device=device)
+
+    def _allocations(self, sizes: Mapping[str, int]) -> list[tuple[Any, tuple, torch.dtype]]:
+        """(buffer key, shape, dtype) of each buffer that is not a program input, once each."""
+        out: dict[Any, tuple[Any, tuple, torch.dtype]] = {}
+        for b, shape in zip(self._buffers, self._shapes(sizes)):
+            if not _is_input(b.source):
+                out.setdefault(b.source, (b.source, shape, b.dtype))
+        return list(out.values())
 
     @functools.cached_property
     def _buffers(self) -> list[Buffer]:
@@ -117,6 +187,43 @@ class Launch:
     def combine(self) -> Any:
         assert self.source.combine is not None     # launched only for a kernel with a split loop
         return load_kernel(self.source, self.source.combine.name)
+
+
+def _is_input(key: Any) -> bool:
+    return isinstance(key, tuple) and key[0] == "in"
+
+
+def _memoised(memo: dict, key: tuple, make: Callable[[], Any]) -> Any:
+    """memo[key], made where it is missing; a memo past MEMO entries starts again."""
+    got = memo.get(key)
+    if got is None:
+        if len(memo) >= MEMO:
+            memo.clear()
+        got = memo[key] = make()
+    return got
+
+
+@functools.cache
+def _direct(device: torch.device) -> bool:
+    """Whether steps launch their compiled kernels themselves: on a real GPU, where Triton's own launch path (argument
+    binding, cache key, checks) costs tens of microseconds of host time per launch."""
+    return device.type == "cuda" and not knobs.interpret()
+
+
+@functools.cache
+def _triton() -> tuple[Any, Any]:
+    """Triton's active driver and its runtime knobs (the launch hooks a profiler sets)."""
+    import triton
+    from triton.runtime import driver
+    return driver.active, triton.knobs.runtime
+
+
+def _current_device() -> int:
+    return _triton()[0].get_current_device()
+
+
+def _current_stream(device: int) -> int:
+    return _triton()[0].get_current_stream(device)
 
 
 @functools.cache

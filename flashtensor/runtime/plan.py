@@ -10,14 +10,14 @@ the decomposed graph evaluated op by op is slower than the ops the user wrote.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
 from ..codegen.artifact import INT32_REACH, KernelSource, decode_kernel
 from ..ir.graph import Graph, Node
-from ..ir.sizes import evaluate, holds, values
-from .launch import Launch, load_kernel, run_kernels
+from ..ir.sizes import bucket, evaluate, holds, values
+from .launch import MEMO, Launch, load_kernel, run_kernels
 from .remainder import Remainder
 
 
@@ -80,6 +80,7 @@ class Program:
         self.static: list[tuple[int, int, int]] = plan.entry.get("static", [])
         self.bucket: tuple = tuple(tuple(b) for b in plan.entry.get("bucket", ()))   # the tuned bucket
         # the int32 tile offsets' reach, all kernels' in one expression (evaluated on each call)
+        self._at: dict[tuple, Any] = {}      # Program.at by the tensors' shapes
         self.reach = f"max([{', '.join(dict.fromkeys(x for k in self.kernels for x in k.reaches))}], default=0)"
 
     @property
@@ -90,16 +91,29 @@ class Program:
     def sizes(self, tensors: Sequence[torch.Tensor]) -> dict[str, int]:
         return values(self.size_sources, tensors)
 
-    def fits(self, args: Sequence[Any]) -> bool:
-        """Whether the call's sizes are those a shape-generic plan holds constant, satisfy its guards and keep its
-        kernels' int32 tile offsets in range (a static one fits its key)."""
-        if not self.generic:
-            return True
-        tensors = [args[i] for i in self.tensor_positions]
+    def at(self, tensors: Sequence[torch.Tensor]) -> Optional[tuple[dict[str, int], tuple]]:
+        """The call's sizes and their length bucket where the plan serves the tensors' shapes, else None; worked
+        out once per shapes."""
+        shapes = tuple([t.shape for t in tensors])
+        got = self._at.get(shapes, self)
+        if got is self:
+            if len(self._at) >= MEMO:
+                self._at.clear()
+            got = self._at[shapes] = self._serves(tensors)
+        return got
+
+    def _serves(self, tensors: Sequence[torch.Tensor]) -> Optional[tuple[dict[str, int], tuple]]:
+        """Where the call's sizes are those a shape-generic plan holds constant, satisfy its guards and keep its
+        kernels' int32 tile offsets in range (a static plan serves its key): the sizes and their bucket."""
         if not all(tensors[i].shape[d] == n for i, d, n in self.static):
-            return False
+            return None
         now = self.sizes(tensors)
-        return holds(self.guards, now) and evaluate(self.reach, now) < INT32_REACH
+        if self.generic and not (holds(self.guards, now) and evaluate(self.reach, now) < INT32_REACH):
+            return None
+        return now, bucket(now)
+
+    def fits(self, args: Sequence[Any]) -> bool:
+        return not self.generic or self.at([args[i] for i in self.tensor_positions]) is not None
 
     @property
     def notes(self) -> list[str]:
@@ -113,7 +127,9 @@ class Program:
         if self.remainder is None:
             return self.fn(*args)
         tensors = [args[i] for i in self.tensor_positions]
-        now = self.sizes(tensors)
+        at = self.at(tensors)
+        assert at is not None, "a program ran at sizes it does not serve"
+        now = at[0]
         bufs = run_kernels(self.launches, list(tensors) + self.consts, tensors[0].device, now)
         outs = self.remainder(tensors, {n: bufs[k] for n, k in self.results}, now)
         return self.plan.decomposed.result(outs)

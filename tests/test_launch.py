@@ -1,0 +1,93 @@
+"""Launching a plan's kernels: each step goes through Triton's own launch path the first time it meets a
+specialisation (which compiles or finds the kernel), then launches that compiled kernel itself, with the same
+arguments, grid and constants; a new alignment of an input's pointer goes through Triton again. The unit test
+replaces Triton's kernel and driver with recorders; the GPU test runs real kernels on unaligned views."""
+from __future__ import annotations
+
+import math
+import types
+
+import pytest
+import torch
+
+import flashtensor as ft
+from flashtensor import knobs
+from flashtensor.runtime import launch
+from flashtensor.runtime.launch import Step
+from flashtensor.testing import as_tuple, compare
+
+
+class Kernel:
+    """A compiled kernel that records its direct launches."""
+
+    function, packed_metadata = "function", "metadata"
+
+    def __init__(self, log: list) -> None:
+        self.log = log
+
+    def launch_metadata(self, grid, stream, *args):
+        return None
+
+    def run(self, *args):
+        self.log.append(("direct", args))
+
+
+class JitFunction:
+    """A @triton.jit function that records the launches through Triton and hands back its compiled kernel."""
+
+    arg_names = ["x", "out", "n", "MODE", "PDL"]
+
+    def __init__(self) -> None:
+        self.log: list = []
+        self.kernel = Kernel(self.log)
+
+    def __getitem__(self, grid):
+        def run(*args, **options):
+            self.log.append(("triton", grid, args, options))
+            return self.kernel
+        return run
+
+
+@pytest.mark.unit
+def test_a_step_launches_through_triton_once_per_specialisation_then_directly(monkeypatch):
+    monkeypatch.setattr(launch, "_direct", lambda device: True)
+    monkeypatch.setattr(launch, "_current_device", lambda: 0)
+    monkeypatch.setattr(launch, "_current_stream", lambda device: 7)
+    monkeypatch.setattr(launch, "_triton", lambda: (None, types.SimpleNamespace(launch_enter_hook=None,
+                                                                                launch_exit_hook=None)))
+    fn = JitFunction()
+    options = {"MODE": 0, "PDL": False, "num_warps": 4}
+    step = Step(fn, (12,), [("in", 0), ("tmp", 0)], [5], options, [0], {}, ("spec",))
+    base, out = torch.empty(64, dtype=torch.float16), torch.empty(8)
+    aligned, unaligned = base[8:], base[1:]      # 16 bytes in, 2 bytes in
+    for x in (aligned, aligned, unaligned, unaligned, aligned):
+        step.launch({("in", 0): x, ("tmp", 0): out})
+    kinds = [e[0] for e in fn.log]
+    assert kinds == ["triton", "direct", "triton", "direct", "direct"], kinds
+    assert fn.log[0] == ("triton", (12,), (aligned, out, 5), options)
+    # grid, stream, the kernel's handles, no launch metadata or hooks, then every argument and the constants
+    assert fn.log[1][1] == (12, 1, 1, 7, "function", "metadata", None, None, None, aligned, out, 5, 0, False)
+    assert fn.log[3][1][9] is unaligned
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or knobs.interpret(), reason="launches real kernels on a GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_direct_launches_match_eager_on_aligned_and_unaligned_inputs(dtype):
+    def h2o(q, k, v):
+        s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        p = torch.softmax(s.float(), dim=-1)
+        return (p.to(q.dtype) @ v), p.sum(dim=-2)
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    shape = (1, 4, 200, 64)
+    fast = ft.compile(h2o, cache=False, eager_if_faster=False)
+    for offset in (0, 0, 1, 1, 0):      # an offset of one element leaves the view's pointer unaligned
+        q, k, v = (torch.randn(math.prod(shape) + 1, device="cuda", dtype=dtype, generator=g)[offset:]
+                   [:math.prod(shape)].view(shape) for _ in range(3))
+        with torch.no_grad():
+            for o, r in zip(as_tuple(fast(q, k, v)), as_tuple(h2o(q, k, v))):
+                m = compare(o, r)
+                assert m.ok, m.problem
+    (prog,) = fast.programs.values()
+    keys = [key for la in prog.launches for key in la._kernels]
+    assert any(all(key[2:]) for key in keys) and any(not all(key[2:]) for key in keys), keys
