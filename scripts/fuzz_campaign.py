@@ -5,12 +5,12 @@
     python scripts/fuzz_campaign.py --seeds 103,107 --dtypes fp16      # replay two processes of a campaign
     .venv/bin/python scripts/fuzz_campaign.py -p 2 -n 150             # on the CPU: kernels interpreted
 
-Process i runs the campaign with FLASHTENSOR_FUZZ_SEED=seed+i (or the i-th of --seeds), so each draws other programs; where there are
-GPUs, it sees GPU i % count alone (CUDA_VISIBLE_DEVICES). Each writes a line per program as it ends
-(FLASHTENSOR_FUZZ_LOG), and each failing program's spec and error, going on to the next
+Process i runs the campaign with FLASHTENSOR_FUZZ_SEED=seed+i (or the i-th of --seeds), so each draws other
+programs; where there are GPUs, it sees GPU i % count alone (CUDA_VISIBLE_DEVICES). Each writes a line per program
+as it ends (FLASHTENSOR_FUZZ_LOG), and each failing program's spec and error, going on to the next
 (FLASHTENSOR_FUZZ_KEEP_GOING); this prints each process's counts and their sum, those failures, the end of the
-output of a process that failed otherwise, and exits 1 if any program failed, a process failed, or fewer than
-the test's floor of the programs expected to fuse fused. With --seconds, processes still running then are stopped
+output of a process that failed otherwise, and exits 1 if any program failed, a process failed, or fewer than the
+test's floor of the programs expected to fuse fused. With --seconds, processes still running then are stopped
 and their finished programs counted.
 """
 from __future__ import annotations
