@@ -239,15 +239,7 @@ def build(fn: Callable, args: list[Any], options: Options = Options(), warned: O
     _run(FRONT, plan, call)
     notes = fallback_notes(plan.captured)
     device, fused = call.device, plan.stages["fusable"]
-    made: list[tuple[dict, Program]] = []
-
-    def program() -> Program:
-        """The program of the plan's entry as it is now; the one pricing timed, if it is that entry's (its
-        remainder's torch.compile is then done once)."""
-        if not made or made[-1][0] is not plan.entry:
-            made[:] = [(plan.entry, Program(plan, positions, device, fn,
-                                              compiles_remainder(device, options.compile_remainder)))]
-        return made[-1][1]
+    program = _programs(plan, positions, device, fn, compiles_remainder(device, options.compile_remainder))
 
     if options.kernels and not (device.type == "cuda" or (device.type == "cpu" and knobs.interpret())):
         notes.append(f"inputs on {device}: generated kernels run on CUDA devices (on the CPU only under "
@@ -263,6 +255,19 @@ def build(fn: Callable, args: list[Any], options: Options = Options(), warned: O
     if warned is not None:
         warn_notes(plan.notes, warned)
     return program()
+
+
+def _programs(plan: Plan, positions: list[int], device: torch.device, fn: Callable,
+              compile_remainder: bool) -> Callable[[], Program]:
+    """The program of the plan's entry as it is when called: the one pricing timed, if it is that entry's (its
+    remainder's torch.compile is then done once)."""
+    made: list[tuple[dict, Program]] = []
+
+    def program() -> Program:
+        if not made or made[-1][0] is not plan.entry:
+            made[:] = [(plan.entry, Program(plan, positions, device, fn, compile_remainder))]
+        return made[-1][1]
+    return program
 
 
 def retune(prog: Program, args: list[Any], options: Options) -> Optional[Program]:
@@ -290,10 +295,16 @@ def retune(prog: Program, args: list[Any], options: Options) -> Optional[Program
         log.debug("emitting for bucket %s specialised a size; planning anew", sizes.bucket(now))
         return None
     kernels = with_plain_keys([la.source for la in launches], _buffer_keys(plan.stages["rewrites"]))
-    entry = {**plan.entry, "kernels": [encode_kernel(k) for k in kernels], "bucket": list(sizes.bucket(now))}
+    fused = {k: v for k, v in plan.entry.items() if k != "priced"}     # priced again at these sizes
+    entry = {**fused, "eager": False, "kernels": [encode_kernel(k) for k in kernels], "bucket": list(sizes.bucket(now)),
+             "notes": [n for n in plan.entry["notes"] if n != plan.entry.get("priced")]}
+    new = Plan(plan.stages, entry)
+    program = _programs(new, prog.tensor_positions, prog.device, prog.fn, prog.compile_remainder)
+    if timed(prog.device) and options.eager_if_faster:
+        new.entry = _priced(new, entry, program, prog.fn, args, call_ms)
     if options.cache and knobs.cache():
-        plan_cache.store(plan_cache.key(plan.decomposed, args, options.key(), sizes.bucket(now)), entry)
-    return Program(Plan(plan.stages, entry), prog.tensor_positions, prog.device, prog.fn, prog.compile_remainder)
+        plan_cache.store(plan_cache.key(plan.decomposed, args, options.key(), sizes.bucket(now)), new.entry)
+    return program()
 
 
 def _priced(plan: Plan, entry: dict, program: Callable[[], Program], fn: Callable, args: list[Any],
@@ -316,8 +327,11 @@ def _priced(plan: Plan, entry: dict, program: Callable[[], Program], fn: Callabl
     log.debug("plan %.4f ms, the function itself %.4f ms", fused_ms, eager_ms)
     if eager_ms >= fused_ms:
         return entry
-    return {"eager": True, "notes": [f"the fused kernels took {fused_ms:.3f} ms and eager PyTorch {eager_ms:.3f} ms "
-                                     "on this device; the program runs in eager PyTorch"]}
+    note = (f"the fused kernels took {fused_ms:.3f} ms and eager PyTorch {eager_ms:.3f} ms on this device; the "
+            "program runs in eager PyTorch")
+    # the rest of the entry stays: a shape-generic one still says which sizes it serves, and is priced again for
+    # another length bucket (retune)
+    return {**entry, "eager": True, "priced": note, "notes": entry["notes"] + [note]}
 
 
 def candidate_plans(fn: Callable, args: list[Any], options: Options = Options()) -> Iterator[tuple[int, Plan]]:

@@ -200,6 +200,41 @@ def test_each_length_bucket_tunes_once(monkeypatch):
     assert max(small.kernels[0].blocks.values()) == 32 and max(large.kernels[0].blocks.values()) == 128
 
 
+def test_a_generic_plan_priced_slower_than_eager_is_priced_again_per_bucket(monkeypatch):
+    """Where the device prices a plan against the function itself and eager wins, the shape-generic plan is kept
+    for the sizes it serves and runs eager in its length bucket: a later length there neither searches nor tunes
+    (a decode loop called with one more key each step searched again at every length). The first call in another
+    bucket tunes the kernels for it and prices them again, and there the kernels win. Stand-in timings: the
+    kernels 2 ms against eager's 1 ms in the first bucket, 1 against 2 in the second."""
+    from flashtensor import driver
+    from flashtensor.api import compiled as compiled_module
+    from flashtensor.runtime.launch import Launch
+    for module in (driver, compiled_module):
+        monkeypatch.setattr(module, "timed", lambda device: True)
+    times = iter([2.0, 1.0, 1.0, 2.0])
+
+    def measure(f):
+        f()
+        return next(times)
+    monkeypatch.setattr(driver, "call_ms", measure)
+    c = ft.compile(h2o_finfo, dynamic=True, cache=False)
+    _check(h2o_finfo, c, _inputs(1, 2, 24, 24, seed=1))
+    launched = []
+    real = Launch.__call__
+    monkeypatch.setattr(Launch, "__call__", lambda self, *a, **kw: launched.append(1) or real(self, *a, **kw))
+    _check(h2o_finfo, c, _inputs(1, 2, 20, 20, seed=2))
+    assert not launched and c.cache_info()["searches"] == 1 and c.cache_info()["tunes"] == 1, c.cache_info()
+    _check(h2o_finfo, c, _inputs(1, 2, 200, 200, seed=3))
+    launched.clear()
+    _check(h2o_finfo, c, _inputs(1, 2, 150, 150, seed=4))
+    assert launched, "the kernels priced faster in the second bucket run there"
+    info = c.cache_info()
+    assert info["searches"] == 1 and info["tunes"] == 2 and info["generic"] == 2, info
+    small, large = [p for ps in c.generic.values() for p in ps]
+    assert small.plan.eager and not small.launches and any("took 2.000 ms" in n for n in small.notes), small.notes
+    assert not large.plan.eager and large.launches and not any("took" in n for n in large.notes), large.notes
+
+
 def test_mqa_expand_and_sliced_tril_mask_go_generic():
     """GPTBigCode's multi-query attention (one kv head expanded, a bool tril mask sliced to the last q_len rows,
     filled with finfo.min through torch.where) at a second length: a size expression with no hint of its own

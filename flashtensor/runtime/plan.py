@@ -26,7 +26,8 @@ class Plan:
     """One function at one argument signature. `stages` maps each stage's name to its output, for the stages
     that ran (a plan from the cache has capture and decompose only); `entry` is the plain-data plan: kernels
     (as dicts), constants, which buffer holds each fused output, notes, `summary` for explain, and `eager`:
-    True where nothing is fused and the program calls the user's function."""
+    True where nothing is fused, or where the kernels were priced slower than eager (`priced` says so; the rest of
+    the entry stays, for driver.retune), and the program calls the user's function."""
     stages: dict[str, Any] = field(default_factory=dict)
     entry: dict[str, Any] = field(default_factory=dict)
     cached: bool = False          # the entry was read from the on-disk cache, not searched
@@ -68,7 +69,7 @@ class Program:
         self.tensor_positions = tensor_positions     # which call arguments are the graph's tensor inputs
         g = plan.decomposed
         nodes = {n.name: n for n in g.nodes}
-        self.kernels = plan.kernels
+        self.kernels = [] if plan.eager else plan.kernels
         self.consts = [c.to(device) for c in plan.entry.get("consts", [])]
         self.launches = [Launch(k, load_kernel(k)) for k in self.kernels]
         self.results: list[tuple[Node, tuple]] = [(nodes[name], k) for name, k in plan.entry.get("results", [])]
