@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -64,16 +64,28 @@ def compare(out: Any, ref: torch.Tensor) -> Match:
 EXACT_SLACK = {torch.float16: 1e-3, torch.bfloat16: 1e-3, torch.float32: 1e-4}
 
 
-def compare_with_exact(out: Any, ref: torch.Tensor, exact: torch.Tensor) -> Match:
+def narrowest(args: Any) -> Optional[torch.dtype]:
+    """The narrowest floating dtype among the tensors in `args` (compare_with_exact's `computed_in`)."""
+    found = [a.dtype for a in as_tuple(args) if isinstance(a, torch.Tensor) and a.is_floating_point()]
+    return min(found, key=lambda d: torch.finfo(d).bits, default=None)
+
+
+def compare_with_exact(out: Any, ref: torch.Tensor, exact: torch.Tensor,
+                       computed_in: Optional[torch.dtype] = None) -> Match:
     """§6 with its float64 rule: `out` against eager's `ref`, and where a half-precision output misses eager
     by more than 2e-3 (bf16 eager is itself 3-5e-3 from the exact answer), against `exact`, the same program's
     output on float64 copies of the inputs: it passes if it is no farther from that than eager is, plus
     EXACT_SLACK. A float32 output gets the same treatment only where eager itself is more than 1e-4 from
     float64 (an ill-conditioned output, where any other order of the same float32 operations misses eager
-    too). NaN and inf must sit where eager has them, unless eager's half-precision result places them
-    otherwise than float64 does: then where float64 has them. Where the float64 answer is not finite but
+    too). A float32 output of a program that computes in half precision (`computed_in`: the narrowest
+    floating dtype its values pass through, `narrowest` of its inputs where nothing narrower is cast inside)
+    carries that precision's rounding and gets its slack: the same statistic summed in float32 from scores
+    rounded to bf16 is as far from float64 as that rounding takes it, one step either way of eager's, whichever
+    dtype it is returned in. NaN and inf must sit where eager has them, unless eager's half-precision result
+    places them otherwise than float64 does: then where float64 has them. Where the float64 answer is not finite but
     eager's is (a finfo(float64).min mask that a float32 softmax turns into -inf), float64 says nothing:
-    there the output is held to eager, within the tolerance or as close as eager is to float64 elsewhere.
+    there the output is held to eager, within the tolerance or the distance between two results as close to a
+    float64 answer there as eager and the output are to float64 elsewhere.
     Callers pass `exact` only where compare(out, ref) fails: float64 runs are dear."""
     m = compare(out, ref)
     if m.ok or ref.dtype not in EXACT_SLACK or not isinstance(out, torch.Tensor) or out.shape != ref.shape \
@@ -92,11 +104,14 @@ def compare_with_exact(out: Any, ref: torch.Tensor, exact: torch.Tensor) -> Matc
             return m
     undefined = ~torch.isfinite(x)
     floor = rel_err(r[~undefined], x[~undefined])
-    if r.dtype == torch.float32 and floor <= m.tol:
+    precision = computed_in if computed_in in EXACT_SLACK and r.dtype == torch.float32 else r.dtype
+    if precision == torch.float32 and floor <= m.tol:
         return Match(m.error, m.tol, f"{m.problem} (eager is {floor:.1e} from float64)")
-    bound = floor + EXACT_SLACK[r.dtype]
-    if undefined.any():   # held to eager there, as close as eager is to float64 elsewhere
-        near = max(m.tol, bound)
+    bound = floor + EXACT_SLACK[precision]
+    if undefined.any():
+        # held to eager there: were float64 defined, an output within `bound` of it would be within floor + bound
+        # of an eager result as far from it as eager is elsewhere
+        near = max(m.tol, floor + bound)
         held = rel_err(o[undefined], r[undefined])
         if held > near:
             return Match(held, near, f"relative error {held:.3e} from eager where the float64 answer is not "

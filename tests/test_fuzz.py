@@ -132,7 +132,7 @@ def check(spec: Spec, fn: Callable, args: tuple, out, ref, scale: float) -> None
             if exact is None:
                 with torch.no_grad():
                     exact = as_tuple(invoke(spec, fn, exact_args(spec, args), scale))
-            m = compare_with_exact(o, r, exact[k])
+            m = compare_with_exact(o, r, exact[k], computed_in=spec.dtype)
         assert m.ok, f"{name}: {m.problem}"
 
 
@@ -247,6 +247,8 @@ def _report(request):
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(specs())
 def _campaign(spec: Spec):
+    if spec in OPEN or ON_GPU and spec in OPEN_ON_GPU:     # known, and tested by test_open_finds_fail_as_said
+        return
     TALLY["tried"] += 1
     try:
         result = outcome(run_spec(spec))
@@ -385,6 +387,20 @@ FOUND = [
     Spec("softmax", batch=1, heads=2, kv_heads=1, q_len=61, kv_len=61, dim=16, dtype=torch.bfloat16, expand="expand",
          scale=0.25, cap=30.0, slope=-0.5, mask="band", width=36, apply="additive", float_probs=True,
          stats=("rowsum", "entropy"), threshold=0.5, noise=True, plant=0.0, seed=36, config=3),
+    # float32 statistics of fp16 programs as compiled kernels on the H200 (RoPE by cat, soft caps, GQA): 1.3-1.9
+    # times eager's distance from float64, 1e-4 to 1e-3, the rounding of fp16 scores; held to float32's slack they
+    # failed, and are now held to that of the precision the program computes in (testing.compare_with_exact)
+    Spec("softmax", batch=1, heads=4, kv_heads=2, q_len=52, kv_len=52, dim=32, dtype=torch.float16,
+         expand="repeat_interleave", scale=0.17677669529663687, cap=5.0, slope=-0.5, mask="band", width=36,
+         apply="where", float_probs=True, stats=("colsum",), threshold=2.0, seed=1209, fill="finfo", mask_from="ones",
+         rope=True, pack="list"),
+    Spec("softmax", batch=1, heads=2, kv_heads=2, q_len=8, kv_len=23, dim=16, dtype=torch.float16, layout="bshd",
+         expand="expand", scale=0.25, slope=0.05, width=6, apply="additive", float_probs=True,
+         stats=("colany", "rowmaxval"), threshold=0.5, noise=True, plant=1e-40, seed=1249, config=8, fill="finfo",
+         rope=True, scale_from="default", rescale=0.5),
+    Spec("softmax", batch=2, heads=2, kv_heads=2, q_len=52, kv_len=29, dim=32, dtype=torch.float16, layout="bshd",
+         expand="expand", scale=0.25, cap=5.0, slope=0.05, width=14, apply="input", float_probs=True,
+         stats=("colvar_mean", "colmax"), threshold=2.0, seed=139, config=4, pad=5, rope=True),
 ]
 
 
@@ -394,7 +410,37 @@ FOUND_IDS = ["colmax_fully_masked_rows", "fp16_large_scores", "bf16_linear", "si
              "noise_log_in_padded_lanes", "bf16_rounding_across_a_threshold", "hf_input_mask_fp32", "hf_input_mask_bf16",
              "huge_fill_in_a_folded_normaliser", "sigmoid_of_a_huge_fill",
              "bf16_argmax_from_the_kernels_p",
-             "eager_bf16_matmul_spreads_a_nan_row"]
+             "eager_bf16_matmul_spreads_a_nan_row", "fp16_rope_gqa_colsum_float32", "fp16_rope_rowmaxval_float32",
+             "fp16_rope_colvar_float32"]
+
+# Finds not fixed yet, each failing as the comment says (a strict xfail: the test fails once one passes, and it
+# then moves to FOUND); the campaign skips them, so that it reports new failures.
+OPEN = [
+    # bf16 with soft-capped scores of 30, at one of the campaign's other lengths: the column variance of the
+    # float32 probabilities is 1.67e-2 from float64 where eager is 1.21e-2 (the kernels round the capped scores
+    # once where eager rounds each step)
+    Spec("softmax", batch=2, heads=1, kv_heads=1, q_len=23, kv_len=57, dim=32, dtype=torch.bfloat16,
+         expand="repeat_interleave", scale=0.25, cap=30.0, slope=-0.5, mask="prefix", width=35, apply="input",
+         float_probs=True, stats=("rowmax", "colvar_mean"), threshold=2.0, cast_inside=True, noise=True,
+         plant=1e-40, seed=490, config=2, pad=3, scale_from="default", rescale=0.5),
+]
+# on the GPU only: Triton 3.6's sm_90 pipeline fails (TritonGPUCoalesce) on a column statistic's early-exit loops
+# whose bounds fold to constants (one key, a band mask); scripts/compile_sm90.py shows it without a GPU
+OPEN_ON_GPU = [
+    Spec("softmax", batch=1, heads=2, kv_heads=2, q_len=22, kv_len=1, dim=16, dtype=torch.float16, layout="bshd",
+         expand="repeat_interleave", scale=0.25, mask="band", width=7, apply="masked_fill", float_probs=True,
+         stats=("colmax", "colany"), threshold=2.0, cast_inside=True, seed=3148, fill="finfo", mask_from="ones",
+         pack="dict"),
+]
+ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "1") == "0"
+
+
+@pytest.mark.parametrize("spec", [pytest.param(sp, marks=pytest.mark.xfail(reason="open", strict=True)) for sp in OPEN] +
+                         [pytest.param(sp, marks=pytest.mark.xfail(ON_GPU, reason="sm_90 compile", strict=True))
+                          for sp in OPEN_ON_GPU],
+                         ids=["bf16_capped_colvar", "gpu_folded_early_exit_loops"])
+def test_open_finds_fail_as_said(spec: Spec):
+    run_spec(spec)
 
 
 @pytest.mark.parametrize("spec", FOUND, ids=FOUND_IDS)

@@ -67,8 +67,9 @@ def test_runner_table_and_exit_status(monkeypatch, capsys):
 @pytest.mark.unit
 def test_compare_with_exact():
     """The float64 rule: a half output that misses eager passes where it is as near the exact answer as eager
-    plus the slack; a float32 one only where eager itself is ill-conditioned; where float64 is not finite but
-    eager is, the output is held to eager."""
+    plus the slack; a float32 one only where eager itself is ill-conditioned, or with a half-precision slack where
+    the program computes in half precision; where float64 is not finite but eager is, the output is held to
+    eager."""
     exact = torch.linspace(1, 2, 1000, dtype=torch.float64)
     eager = (exact * (1 + 4e-3)).half()                  # eager 4e-3 from float64
     near, far = exact.half(), (exact * (1 - 8e-3)).half()
@@ -85,3 +86,13 @@ def test_compare_with_exact():
     kept = near.clone()
     kept[:10] = eager[:10]
     assert compare_with_exact(kept, eager, undefined).ok
+    # there, within the distance of two results as near a float64 answer as eager is elsewhere (4e-3 each, plus
+    # the slack), not within eager's own distance
+    for shift, ok in ((6e-3, True), (1.2e-2, False)):
+        drifted = near.clone()
+        drifted[:10] = (eager[:10].double() * (1 + shift)).half()
+        assert compare_with_exact(drifted, eager, undefined).ok is ok, shift
+    # a float32 output of a program computing in bf16 gets bf16's slack, not float32's
+    e32, o32 = (exact * (1 + 1e-2)).float(), (exact * (1 - 1.05e-2)).float()
+    assert not compare_with_exact(o32, e32, exact).ok
+    assert compare_with_exact(o32, e32, exact, torch.bfloat16).ok

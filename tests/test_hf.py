@@ -125,7 +125,7 @@ def test_half_precision_attention_is_as_close_to_float64_as_eagers(dtype, monkey
         assert len(seen) == LAYERS
         for args, got in seen:
             m = compare_with_exact(got, ft_hf._program((), False)(*args)[0],
-                                   ft_hf._program((), False)(*map(_double, args))[0])
+                                   ft_hf._program((), False)(*map(_double, args))[0], dtype)
             assert m.ok, m.problem
     err, floor = rel_err(out.double(), x), rel_err(ref.double(), x)
     assert err <= 1.25 * floor, (err, floor)

@@ -58,7 +58,7 @@ def check_outputs(fn: Callable, args: tuple, out: Any, ref: Any) -> list[testing
     matches = []
     for k, (o, r) in enumerate(zip(outs, refs)):
         m = testing.compare(o, r)
-        matches.append(m if m.ok else testing.compare_with_exact(o, r, exact()[k]))
+        matches.append(m if m.ok else testing.compare_with_exact(o, r, exact()[k], testing.narrowest(args)))
     return matches
 
 
