@@ -107,7 +107,7 @@ def test_a_configuration_that_fails_to_compile_is_left_to_its_launch(caplog):
             raise RuntimeError("out of shared memory")
 
     la = Launch.__new__(Launch)
-    la.steps = lambda buffers, fixup, after_prior: [Step(Broken(), (1,), [], [], {}, [], {}, ())]
+    la.steps = lambda buffers, fixup, after_prior: [Step(Broken(), (1,), [], [], {}, [], {}, (), False)]
     la.source = type("S", (), {"name": "ft_kernel0"})()
     with caplog.at_level("DEBUG", logger="flashtensor.runtime.autotune"):
         autotune.compile_all([(la, {}, False, False)])

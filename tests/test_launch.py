@@ -50,14 +50,13 @@ class JitFunction:
 
 @pytest.mark.unit
 def test_a_step_launches_through_triton_once_per_specialisation_then_directly(monkeypatch):
-    monkeypatch.setattr(launch, "_direct", lambda device: True)
     monkeypatch.setattr(launch, "_current_device", lambda: 0)
     monkeypatch.setattr(launch, "_current_stream", lambda device: 7)
     monkeypatch.setattr(launch, "_triton", lambda: (None, types.SimpleNamespace(launch_enter_hook=None,
                                                                                 launch_exit_hook=None)))
     fn = JitFunction()
     options = {"MODE": 0, "PDL": False, "num_warps": 4}
-    step = Step(fn, (12,), [("in", 0), ("tmp", 0)], [5], options, [0], {}, ("spec",))
+    step = Step(fn, (12,), [("in", 0), ("tmp", 0)], [5], options, [0], {}, ("spec",), True)
     base, out = torch.empty(64, dtype=torch.float16), torch.empty(8)
     aligned, unaligned = base[8:], base[1:]      # 16 bytes in, 2 bytes in
     for x in (aligned, aligned, unaligned, unaligned, aligned):

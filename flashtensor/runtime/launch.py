@@ -44,10 +44,11 @@ MEMO = 256            # sizes whose launches a kernel keeps worked out (a decode
 @dataclass
 class Step:
     """One launch of a call: a kernel or a companion at its grid, its tensor arguments by buffer key (`inputs`: the
-    positions among them of the program's inputs), its size arguments' values and its launch options. On a GPU it
-    launches the compiled kernel itself, found in `kernels` (the Launch's, shared by the steps of every call's
-    sizes) by what Triton specialised it on: the function and its options, the sizes' (`spec`) and the alignment of
-    the inputs' pointers (a view into a larger tensor may not be aligned); dtypes are fixed for a plan."""
+    positions among them of the program's inputs), its size arguments' values and its launch options. On a GPU
+    (`direct`) it launches the compiled kernel itself, found in `kernels` (the Launch's, shared by the steps of
+    every call's sizes) by what Triton specialised it on: the function and its options, the sizes' (`spec`) and
+    the alignment of the inputs' pointers (a view into a larger tensor may not be aligned); dtypes are fixed for
+    a plan."""
     fn: Any
     grid: tuple[int]
     buffers: list[Any]
@@ -56,10 +57,14 @@ class Step:
     inputs: list[int]
     kernels: dict[tuple, Any]
     spec: tuple
+    direct: bool
+
+    def args(self, buffers: dict) -> list[Any]:
+        return [buffers[b] for b in self.buffers] + self.sizes
 
     def launch(self, buffers: dict) -> None:
-        args = [buffers[b] for b in self.buffers] + self.sizes
-        if not _direct(args[0].device):
+        args = self.args(buffers)
+        if not self.direct:
             self.fn[self.grid](*args, **self.options)
             return
         key = (self.spec, _current_device(), *[args[i].data_ptr() % 16 == 0 for i in self.inputs])
@@ -107,13 +112,13 @@ class Launch:
         """Compile what the same call would launch, launching nothing (Triton's warmup): the tuner compiles its
         candidates side by side before it times them one by one."""
         for step in self.steps(buffers, fixup, after_prior):
-            step.fn.warmup(*[buffers[b] for b in step.buffers], *step.sizes, grid=step.grid, **step.options)
+            step.fn.warmup(*step.args(buffers), grid=step.grid, **step.options)
 
     def steps(self, buffers: dict, fixup: bool, after_prior: bool) -> list[Step]:
         """The launches of one call, in order (`_steps`), worked out once per sizes, device and mode."""
         sizes = buffers.get(SIZES, {})
         device = buffers[self.source.buffers[0].source].device
-        return _memoised(self._memo, (tuple(sizes.items()), device, fixup, after_prior),
+        return memoised(self._memo, (tuple(sizes.items()), device, fixup, after_prior),
                          lambda: self._steps(sizes, device, fixup, after_prior))
 
     def _steps(self, sizes: Mapping[str, int], device: torch.device, fixup: bool, after_prior: bool) -> list[Step]:
@@ -123,13 +128,14 @@ class Launch:
         src = self.source
         tiles, splits, merged, *before = self._grids(sizes)
         pdl = _dependent_launch(device)     # the code waits, and lets the next kernel launch early
+        direct = _direct(device)
 
         def step(fn: Any, grid: int, buffers: list[Buffer], names: list[str], **options: Any) -> Step:
             keys = [b.source for b in buffers]
             values = [sizes[n] for n in names]
             spec = (id(fn), tuple(sorted(options.items())), tuple(map(_size_spec, values)))
             return Step(fn, (grid,), keys, values, options, [i for i, k in enumerate(keys) if _is_input(k)],
-                        self._kernels, spec)
+                        self._kernels, spec, direct)
 
         out = []
         for p, fn, n in zip(src.prologues if not fixup else [], self.prologues, before):
@@ -149,7 +155,7 @@ class Launch:
         """Create the outputs, intermediates and the (zeroed) finite-check flag this kernel and its companions
         use that `buffers` does not hold yet."""
         sizes = buffers.get(SIZES, {})
-        for source, shape, dtype in _memoised(self._memo, ("allocate", tuple(sizes.items())),
+        for source, shape, dtype in memoised(self._memo, ("allocate", tuple(sizes.items())),
                                               lambda: self._allocations(sizes)):
             if source not in buffers:
                 buffers[source] = (torch.zeros if source == FINITE else torch.empty)(shape, dtype=dtype, device=device)
@@ -193,10 +199,10 @@ def _is_input(key: Any) -> bool:
     return isinstance(key, tuple) and key[0] == "in"
 
 
-def _memoised(memo: dict, key: tuple, make: Callable[[], Any]) -> Any:
-    """memo[key], made where it is missing; a memo past MEMO entries starts again."""
-    got = memo.get(key)
-    if got is None:
+def memoised(memo: dict, key: Any, make: Callable[[], Any]) -> Any:
+    """memo[key], made where it is missing (None is a value too); a memo past MEMO entries starts again."""
+    got = memo.get(key, memo)
+    if got is memo:
         if len(memo) >= MEMO:
             memo.clear()
         got = memo[key] = make()

@@ -17,7 +17,7 @@ import torch
 from ..codegen.artifact import INT32_REACH, KernelSource, decode_kernel
 from ..ir.graph import Graph, Node
 from ..ir.sizes import bucket, evaluate, holds, values
-from .launch import MEMO, Launch, load_kernel, run_kernels
+from .launch import Launch, load_kernel, memoised, run_kernels
 from .remainder import Remainder
 
 
@@ -95,13 +95,7 @@ class Program:
     def at(self, tensors: Sequence[torch.Tensor]) -> Optional[tuple[dict[str, int], tuple]]:
         """The call's sizes and their length bucket where the plan serves the tensors' shapes, else None; worked
         out once per shapes."""
-        shapes = tuple([t.shape for t in tensors])
-        got = self._at.get(shapes, self)
-        if got is self:
-            if len(self._at) >= MEMO:
-                self._at.clear()
-            got = self._at[shapes] = self._serves(tensors)
-        return got
+        return memoised(self._at, tuple([t.shape for t in tensors]), lambda: self._serves(tensors))
 
     def _serves(self, tensors: Sequence[torch.Tensor]) -> Optional[tuple[dict[str, int], tuple]]:
         """Where the call's sizes are those a shape-generic plan holds constant, satisfy its guards and keep its
