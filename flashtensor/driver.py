@@ -337,7 +337,7 @@ def _priced(plan: Plan, entry: dict, program: Callable[[], Program], fn: Callabl
 def candidate_plans(fn: Callable, args: list[Any], options: Options = Options()) -> Iterator[tuple[int, Plan]]:
     """Each partition candidate's plan for fn(*args), searched up to its kernel specs and not tuned, on the
     arguments' device (meta tensors work: nothing runs). For tools that read the generated kernels without running
-    them (scripts/kernel_hashes.py, scripts/compile_sm90.py); none when nothing fuses."""
+    them (scripts/kernel_hashes.py, scripts/compile_sm90.py); those that do not schedule are left out."""
     tensor_fn, positions = _of_tensors(fn, args)
     example = [args[i] for i in positions]
     k, count = 0, 1
@@ -350,9 +350,11 @@ def candidate_plans(fn: Callable, args: list[Any], options: Options = Options())
         try:
             _run(SEARCH[:-1], plan, call)      # every stage but tune
         except (LoweringError, PartitionError, ScheduleError):
-            return
+            if "partition" not in plan.stages:
+                return
         count = len(plan.stages["partition"])
-        yield k, plan
+        if "emit" in plan.stages:       # a candidate that does not schedule is skipped, as the search skips it
+            yield k, plan
         k += 1
 
 

@@ -3,8 +3,10 @@ cannot build there before a GPU run does: Triton's interpreter, which runs them 
 compiler rejects.
 
     .venv/bin/python scripts/compile_sm90.py [HELD_PROGRAMS...] [--dtype fp16] [--configs N] [--splits N]
+    .venv/bin/python scripts/compile_sm90.py --found ID...     # fuzz finds (tests/test_fuzz.py's FOUND_IDS)
 
-For each held program (flashtensor/bench/programs.py) at the GPU shapes, on meta tensors, every kernel of every
+For each held program (flashtensor/bench/programs.py) at the GPU shapes, or each fuzz find at its own shapes,
+on meta tensors, every kernel of every
 candidate partition is emitted at the first N tile configurations and compiled through Triton's NVIDIA backend
 to a cubin (ptxas ships with Triton), in both modes (MODE 0 and the fixup pass), with the pre-passes launched
 before it (codegen/ranges.py) and the combine after a split loop (codegen/split.py; --splits forces them), its
@@ -116,10 +118,20 @@ def _compile(src: Any, where: Path) -> list[str]:
     return errors
 
 
-def check(name: str, dtype: torch.dtype, configs: int, where: Path, splits: int | None = None) -> list[str]:
-    """The failures of held program `name`'s kernels at the GPU shapes, every candidate, the first `configs`; with
-    `splits`, every loop that can split split so (Options.splits)."""
-    fn, args = programs.make(name, device="cpu", dtype=dtype, **programs.GPU)
+def found(name: str) -> tuple[Any, tuple]:
+    """The fuzz find `name` (tests/test_fuzz.py) as a function and its inputs."""
+    sys.path[:0] = [str(ROOT / "tests")]
+    import fuzz_programs
+    import test_fuzz
+    spec = test_fuzz.FOUND[test_fuzz.FOUND_IDS.index(name)]
+    return fuzz_programs.flat(spec), fuzz_programs.inputs(spec)
+
+
+def check(name: str, dtype: torch.dtype, configs: int, where: Path, splits: int | None = None,
+          fuzzed: bool = False) -> list[str]:
+    """The failures of held program `name`'s kernels at the GPU shapes (or, `fuzzed`, of the fuzz find's at its
+    own), every candidate, the first `configs`; with `splits`, every loop that can split split so (Options.splits)."""
+    fn, args = found(name) if fuzzed else programs.make(name, device="cpu", dtype=dtype, **programs.GPU)
     failures = []
     for k, plan in driver.candidate_plans(fn, [_meta(a) for a in args], Options(splits=splits)):
         for specs in plan.stages["emit"].values():
@@ -139,14 +151,16 @@ def main() -> int:
     ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16", "fp32"])
     ap.add_argument("--configs", type=int, default=1)
     ap.add_argument("--splits", type=int, default=None, help="split every loop that can split so (codegen/split.py)")
+    ap.add_argument("--found", action="store_true", help="the names are fuzz finds (tests/test_fuzz.py's FOUND_IDS)")
     a = ap.parse_args()
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype]
     failures = []
     d = Path(tempfile.mkdtemp(prefix="sm90-"))      # kept: a failure names its kernel's file here
     for name in a.programs:
-        found = check(name, dtype, a.configs, d, a.splits)
-        print(f"{name} {a.dtype}: " + ("ok" if not found else f"{len(found)} failed"), flush=True)
-        failures += found
+        failed = check(name, dtype, a.configs, d, a.splits, a.found)
+        print(f"{name} {'(its own dtype)' if a.found else a.dtype}: " + ("ok" if not failed else f"{len(failed)} failed"),
+              flush=True)
+        failures += failed
     for f in failures:
         print("FAIL", f)
     return 1 if failures else 0

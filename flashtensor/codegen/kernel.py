@@ -53,15 +53,19 @@ def emit_kernel(spec: KernelSpec, cfg: TileConfig) -> KernelSource:
             for n, _ in em.checks.values():     # a checked load these tiles do not otherwise need
                 if s.loop in n.vars and ctx.lookup(n) is None:
                     ctx.cache[id(n)] = em.compute(n, ctx, ctx.lines)
-            if early:
-                jump = ["l0 = tl.where((l0 >= ga) & (l0 < gb), gb, l0)"] if s.runtime_gap else []
-                ctx.lines += [f"more = {loop.unsettled(em, accs)}", f"l0 += {em.blk[s.loop]}"] + jump
-                body += [f"l0 = {lo} + tl.zeros([], tl.int32)"] + jump + [f"while (l0 < {hi}) & more:"]
-            else:
-                body += loop.loop_header(em, k, lo, hi, cfg.num_stages)
             step = f"i_{s.loop} = l0" if s.stepped else f"o_{s.loop} = l0 + tl.arange(0, {em.blk[s.loop]})"
-            body.append("    " + step)
-            body += ["    " + ln for ln in ctx.lines]
+            if not early:
+                body += loop.loop_header(em, k, lo, hi, cfg.num_stages) + ["    " + ln for ln in [step] + ctx.lines]
+                continue
+            empty = loop.empty_in(em, lo, hi)
+            if len(empty) == 2:
+                continue
+            jump = ["l0 = tl.where((l0 >= ga) & (l0 < gb), gb, l0)"] if s.runtime_gap else []
+            ctx.lines += [f"more = {loop.unsettled(em, accs)}", f"l0 += {em.blk[s.loop]}"] + jump
+            seg = [f"l0 = {lo} + tl.zeros([], tl.int32)"] + jump + [f"while (l0 < {hi}) & more:"] + \
+                ["    " + ln for ln in [step] + ctx.lines]
+            # `fin` is a constant in each pass, so Triton compiles only the pass that runs this segment
+            body += [f"if fin == {1 - min(empty)}:"] + ["    " + ln for ln in seg] if empty else seg
         if em.split:    # this program's piece of the pass: its partials, merged by the combine kernel
             parts = split.partials(em, accs)
             break

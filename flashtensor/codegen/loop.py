@@ -6,8 +6,10 @@ maxima first, then every accumulator of the pass, rescaled where a running max m
 """
 from __future__ import annotations
 
+import ast
+import operator
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from ..analysis.facts import IDENTITY, negate
 from ..ir.loops import Affine, LNode
@@ -118,6 +120,54 @@ def segments(em: Tiles) -> list[tuple[str, str, frozenset, bool]]:
             em.pre.append(f"sp = lo + (tl.minimum(tl.maximum({end}, lo), {head}) - lo) * fin")
             segs = [("lo", "sp", frozenset([h]), True), ("sp", head, none, True)] + segs[1:]
     return segs
+
+
+def empty_in(em: Tiles, lo: str, hi: str) -> set[int]:
+    """The passes (`fin`: 1 the first, 0 the fixup) in which segment [lo, hi) is empty at compile time, its bounds
+    folding to constants there. An early-exit loop (a `while`) over a range Triton folds to empty fails in its
+    sm_90 pipeline (TritonGPUCoalesce, Triton 3.6), so emit_kernel leaves such segments out."""
+    empty = set()
+    for fin in (0, 1):
+        env: dict[str, int] = {"fin": fin}
+        for line in em.pre:
+            name, eq, expr = line.partition(" = ")
+            if eq and name.isidentifier():
+                value = _static(ast.parse(expr, mode="eval").body, env)
+                if value is None:
+                    env.pop(name, None)
+                else:
+                    env[name] = value
+        a, b = (_static(ast.parse(x, mode="eval").body, env) for x in (lo, hi))
+        if a is not None and b is not None and a >= b:
+            empty.add(fin)
+    return empty
+
+
+_ARITH = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+_CALLS = {"tl.minimum": min, "tl.maximum": max}
+
+
+def _static(x: ast.expr, env: dict[str, int]) -> Optional[int]:
+    """The value of an integer bound expression whose names all have values in `env`; None otherwise (a size
+    argument, a pre-pass's range, a row index) and where Triton's integer division might round otherwise."""
+    if isinstance(x, ast.Constant):
+        return x.value if type(x.value) is int else None
+    if isinstance(x, ast.Name):
+        return env.get(x.id)
+    if isinstance(x, ast.UnaryOp) and isinstance(x.op, ast.USub):
+        v = _static(x.operand, env)
+        return None if v is None else -v
+    if isinstance(x, ast.BinOp):
+        a, b = _static(x.left, env), _static(x.right, env)
+        if a is None or b is None:
+            return None
+        if type(x.op) in _ARITH:
+            return _ARITH[type(x.op)](a, b)
+        return a // b if isinstance(x.op, ast.FloorDiv) and a >= 0 and b > 0 else None
+    if isinstance(x, ast.Call) and ast.unparse(x.func) in _CALLS and x.args and not x.keywords:
+        vs = [_static(a, env) for a in x.args]
+        return None if None in vs else _CALLS[ast.unparse(x.func)](v for v in vs if v is not None)
+    return None
 
 
 def _bulk(em: Tiles, k: int, ua: str, ub: str, region: frozenset, kept: tuple[str, ...]) -> list:
