@@ -121,8 +121,9 @@ def _compile(src: Any, where: Path) -> list[str]:
 def found(name: str) -> tuple[Any, tuple]:
     """The fuzz find `name` (tests/test_fuzz.py) as a function and its inputs."""
     sys.path[:0] = [str(ROOT / "tests")]
-    import fuzz_programs
     import test_fuzz
+
+    import fuzz_programs
     spec = test_fuzz.FOUND[test_fuzz.FOUND_IDS.index(name)]
     return fuzz_programs.flat(spec), fuzz_programs.inputs(spec)
 
@@ -158,8 +159,8 @@ def main() -> int:
     d = Path(tempfile.mkdtemp(prefix="sm90-"))      # kept: a failure names its kernel's file here
     for name in a.programs:
         failed = check(name, dtype, a.configs, d, a.splits, a.found)
-        print(f"{name} {'(its own dtype)' if a.found else a.dtype}: " + ("ok" if not failed else f"{len(failed)} failed"),
-              flush=True)
+        said = "ok" if not failed else f"{len(failed)} failed"
+        print(f"{name} {'(its own dtype)' if a.found else a.dtype}: {said}", flush=True)
         failures += failed
     for f in failures:
         print("FAIL", f)

@@ -119,6 +119,17 @@ def zero_deciding(g: LoopGraph) -> list[LNode]:
     return [x for x in out.values() if x.dtype in _HALF and x.op != "reduce"]
 
 
+def saturates(n: LNode, faithful: bool) -> float:
+    """Where n is rounded only as a sum with a mask (`rounds_sum`): the magnitude from which its rounding is kept;
+    0 where it is rounded everywhere or nowhere. Eager's s + finfo.min rounds to finfo.min, which makes a fully
+    masked row uniform; below that magnitude eager's sum is s + 0, exact, and the float32 sum is as close to the
+    exact answer (rounding it there would round the float32 scores once where eager rounded each step before:
+    another draw of error, at times farther from the exact answer than eager's)."""
+    if (faithful and n.dtype in _HALF) or n.attrs.get(ROUNDS) or rounds_input(n) or not rounds_sum(n):
+        return 0.0
+    return _COARSE[n.dtype]
+
+
 def kept(n: LNode) -> bool:
     """Whether every plan rounds n, faithful or not (the rewrites and the factorisation of sums leave it whole)."""
     return bool(n.attrs.get(ROUNDS)) or rounds_input(n) or rounds_sum(n)
