@@ -119,7 +119,9 @@ def _compile(src: Any, where: Path) -> list[str]:
 
 
 def found(name: str) -> tuple[Any, tuple]:
-    """The fuzz find `name` (tests/test_fuzz.py) as a function and its inputs."""
+    """The fuzz find `name` (tests/test_fuzz.py) as a function and its inputs. The tests' conftest turns Triton's
+    interpreter on where nothing set it, and the kernels are emitted for it then: it is set off first."""
+    os.environ.setdefault("TRITON_INTERPRET", "0")
     sys.path[:0] = [str(ROOT / "tests")]
     import test_fuzz
 

@@ -416,6 +416,17 @@ FOUND = [
          expand="repeat_interleave", scale=0.25, cap=30.0, slope=-0.5, mask="prefix", width=35, apply="input",
          float_probs=True, stats=("rowmax", "colvar_mean"), threshold=2.0, cast_inside=True, noise=True,
          plant=1e-40, seed=490, config=2, pad=3, scale_from="default", rescale=0.5),
+    # the same on the H200 (a bf16 fuzz campaign): attention with scores capped at 5 under a Hugging Face mask,
+    # o 3.195e-02 from float64 where eager is 3.095e-02 (fixed by the same change)
+    Spec("softmax", batch=2, heads=2, kv_heads=1, q_len=40, kv_len=22, dim=32, dtype=torch.bfloat16, layout="bshd",
+         cap=5.0, slope=-0.5, mask="causal", width=24, apply="input", stats=("rowcount", "rowmaxval"), threshold=2.0,
+         eps=1e-09, config=5, fill="finfo", pad=5, pack="list", scale_from="global"),
+    # ptxas (Triton 3.6's, sm_90) crashed (error -11) on the two-stage pipelined loop of a kernel whose dots are 16
+    # wide (head dim 16), at every configuration of two stages: five programs of one bf16 campaign and one of fp16,
+    # an internal compiler error where the tuner had no other configuration; codegen/kernel.py pipelines such loops
+    # in three stages (test_sm90.py compiles it)
+    Spec("softmax", batch=2, heads=2, kv_heads=1, q_len=50, kv_len=50, dim=16, dtype=torch.bfloat16, expand="expand",
+         mask="causal", width=1, threshold=1.0, seed=7, config=7),
 ]
 
 
@@ -427,13 +438,21 @@ FOUND_IDS = ["colmax_fully_masked_rows", "fp16_large_scores", "bf16_linear", "si
              "bf16_argmax_from_the_kernels_p",
              "eager_bf16_matmul_spreads_a_nan_row", "fp16_rope_gqa_colsum_float32", "fp16_rope_rowmaxval_float32",
              "fp16_rope_colvar_float32", "folded_early_exit_loops",
-             "bf16_capped_masked_sum"]
+             "bf16_capped_masked_sum", "bf16_capped_hf_mask_gpu", "ptxas_two_stage_narrow_dot"]
 
 # Finds not fixed yet, each failing as the comment says (a strict xfail: the test fails once one passes, and it
 # then moves to FOUND); the campaign skips them, so that it reports new failures.
 OPEN: list[Spec] = []
 # on the GPU only, failing as said there (the campaign skips them there)
-OPEN_ON_GPU: list[Spec] = []
+OPEN_ON_GPU = [
+    # fp16 with scores capped at 30 (the whole chain rounded as eager rounds it: a faithful plan), on the H200 at
+    # configuration 6 (two stages, head dim 16): the float32 column variance 7.46e-03 from float64 where eager's
+    # is 2.50e-03; it passes under the interpreter. Not reproduced on the GPU since its kernels were moved to
+    # three stages (the ptxas crash above, at the same configurations)
+    Spec("softmax", batch=1, heads=2, kv_heads=1, q_len=12, kv_len=55, dim=16, dtype=torch.float16, layout="bshd",
+         expand="expand", cap=30.0, slope=0.05, mask="causal", width=15, apply="additive", float_probs=True,
+         stats=("colvar_mean",), threshold=2.0, eps=1e-09, seed=568, config=6, mask_from="ones"),
+]
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "1") == "0"
 
 

@@ -34,6 +34,10 @@ def emit_kernel(spec: KernelSpec, cfg: TileConfig) -> KernelSource:
     final_cache: dict[int, tuple[str, list[Var]]] = {}
     parts: list[str] = []
     segments = loop.segments(em) if s.loop is not None else []
+    # ptxas (Triton 3.6's, sm_90) crashes (error -11) on some two-stage pipelined loops with a dot 16 wide (a head
+    # dim of 16); three stages build, and a tile that narrow needs little shared memory for the third
+    narrow = any(em.blk[v] <= 16 for v in s.whole)
+    stages = 3 if cfg.num_stages == 2 and narrow and s.dots else cfg.num_stages
     for p in range(s.passes if s.loop is not None else 0):
         assert s.loop is not None     # no passes without a loop
         accs = [a for a in s.accums.values() if a.pass_ == p]
@@ -55,7 +59,7 @@ def emit_kernel(spec: KernelSpec, cfg: TileConfig) -> KernelSource:
                     ctx.cache[id(n)] = em.compute(n, ctx, ctx.lines)
             step = f"i_{s.loop} = l0" if s.stepped else f"o_{s.loop} = l0 + tl.arange(0, {em.blk[s.loop]})"
             if not early:
-                body += loop.loop_header(em, k, lo, hi, cfg.num_stages) + ["    " + ln for ln in [step] + ctx.lines]
+                body += loop.loop_header(em, k, lo, hi, stages) + ["    " + ln for ln in [step] + ctx.lines]
                 continue
             empty = loop.empty_in(em, lo, hi)
             if len(empty) == 2:
