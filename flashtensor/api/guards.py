@@ -32,6 +32,7 @@ from ..runtime.cache import signature
 _MISSING = object()                 # an unbound name, an empty cell or an attribute that is not there
 _SCALARS = frozenset({int, float, bool, complex, str, bytes, type(None)})
 _ATOMS = frozenset({torch.dtype, torch.device, torch.layout, torch.memory_format})
+_CONTAINERS = frozenset({list, tuple, dict, set, frozenset})
 _CODE = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, functools.partial)
 _MAX_CODE = 64                      # functions walked per compiled callable: the walk runs on every miss
 _DEPTH = 8                          # nesting of containers fingerprinted by content; deeper ones by identity
@@ -51,7 +52,10 @@ class Call:
 
     @property
     def requires_grad(self) -> bool:
-        return any(isinstance(a, torch.Tensor) and a.requires_grad for a in self.leaves)
+        for a in self.leaves:       # a loop, not any(): this runs on every call with grad enabled
+            if isinstance(a, torch.Tensor) and a.requires_grad:
+                return True
+        return False
 
 
 class _Same:
@@ -83,16 +87,16 @@ def fingerprint(v: Any, depth: int = 0) -> Any:
     t = type(v)
     if t in _SCALARS:
         return repr(v)
+    if t in _CONTAINERS and depth < _DEPTH:     # before the isinstance tests: a read's usual value (defaults)
+        return _contents(v, t, depth)
     if isinstance(v, torch.Tensor):
         return _Same(v), version(v)
     if t in _ATOMS:
         return v
     if isinstance(v, (numbers.Number, str, bytes)):    # numpy's scalars, Fraction: new objects, equal values
         return repr(v)
-    if isinstance(v, (list, tuple, dict, set, frozenset)) and depth < _DEPTH:
-        items = v.items() if isinstance(v, dict) else v
-        fps = tuple(fingerprint(x, depth + 1) for x in items)
-        return t, frozenset(fps) if isinstance(v, (set, frozenset)) else fps
+    if isinstance(v, tuple(_CONTAINERS)) and depth < _DEPTH:      # their subclasses: a namedtuple, an OrderedDict
+        return _contents(v, t, depth)
     if isinstance(v, torch.nn.Module):
         return _Same(v), tuple(_module_state(v, []))
     if isinstance(v, types.MethodType):
@@ -100,6 +104,11 @@ def fingerprint(v: Any, depth: int = 0) -> Any:
     if isinstance(getattr(v, "__dict__", None), dict) and not isinstance(v, _CODE):
         return _Same(v), tuple(_plain_attributes(v))
     return _Same(v)
+
+
+def _contents(v: Any, t: type, depth: int) -> tuple:
+    fps = tuple([fingerprint(x, depth + 1) for x in (v.items() if isinstance(v, dict) else v)])
+    return t, frozenset(fps) if isinstance(v, (set, frozenset)) else fps
 
 
 def _plain_attributes(v: Any) -> list[tuple[str, str]]:
@@ -169,8 +178,12 @@ class Guards:
             except TypeError:
                 return None
             args, kwargs = bound.args, bound.kwargs
-        if not kwargs and all(type(a) in _SCALARS or isinstance(a, torch.Tensor) for a in args):
-            return Call(list(args), None)       # the common case, without pytree's cost
+        if not kwargs:
+            for a in args:
+                if type(a) not in _SCALARS and not isinstance(a, torch.Tensor):
+                    break
+            else:
+                return Call(list(args), None)       # the common case, without pytree's cost
         leaves, spec = pytree.tree_flatten((args, kwargs))
         return Call(leaves, spec)
 
@@ -179,7 +192,7 @@ class Guards:
         state, not by its repr, which shows no attribute and costs a walk of the module tree. Without `shapes`,
         the key of the program's structure (runtime.cache.signature), which shape-generic plans share."""
         return (call.spec, signature(call.leaves, fingerprint, shapes),
-                tuple(fingerprint(r.value()) for r in self.reads))
+                tuple([fingerprint(r.value()) for r in self.reads]))
 
     def refresh(self) -> None:
         """Walk the function again (on a miss): a rebound helper or module may read names the old one did not."""

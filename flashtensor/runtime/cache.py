@@ -46,10 +46,10 @@ def signature(args: Sequence[Any], value: Callable[[Any], Any] = repr, shapes: b
     Without `shapes`, a tensor's rank and whether it is contiguous stand for its shape and strides: the key of a
     shape-generic plan, whose guards say which sizes it serves."""
     if not shapes:
-        return tuple(("T", a.dim(), a.dtype, a.device, a.is_contiguous()) if isinstance(a, torch.Tensor)
-                     else ("V", value(a)) for a in args)
-    return tuple(("T", a.shape, a.dtype, a.device, a.stride()) if isinstance(a, torch.Tensor) else ("V", value(a))
-                 for a in args)     # runs on every call: no string conversions
+        return tuple([("T", a.dim(), a.dtype, a.device, a.is_contiguous()) if isinstance(a, torch.Tensor)
+                      else ("V", value(a)) for a in args])
+    return tuple([("T", a.shape, a.dtype, a.device, a.stride()) if isinstance(a, torch.Tensor) else ("V", value(a))
+                  for a in args])     # runs on every call: no string conversions
 
 
 @functools.cache
