@@ -19,6 +19,7 @@ from conftest import assert_close, prefill_in_chunks
 from flashtensor import workloads
 from flashtensor.codegen import split
 from flashtensor.ir.sizes import evaluate
+from flashtensor.runtime.launch import run_kernels
 from flashtensor.schedule.schedule import build_schedule
 from flashtensor.testing import as_tuple, compare_with_exact
 
@@ -142,6 +143,11 @@ def test_generic_plan_splits_at_run_time():
         (prog,) = [p for ps in c.generic.values() for p in ps]
         row = next(k for k in prog.kernels if k.combine is not None)
         counts.append(evaluate(row.splits, prog.sizes(args)))
+        # the pieces' scratch is allocated only where the loop splits: in one piece the kernel writes none
+        tensors = [args[i] for i in prog.tensor_positions]
+        bufs = run_kernels(prog.launches, tensors + prog.consts, tensors[0].device, prog.sizes(args))
+        scratch = [b.numel() for k, b in bufs.items() if isinstance(k, tuple) and k[0] == "split" and row.name in k]
+        assert scratch and all((n == 1) == (counts[-1] == 1) for n in scratch), (counts[-1], scratch)
     assert c.cache_info()["searches"] == 1
     assert counts[0] > 1 and counts[1] == 1 and counts[2] > 1, counts
 

@@ -5,6 +5,7 @@ parameters in `attrs`. The op vocabulary and its meaning live in `ir.ops`.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Sequence
 
@@ -60,10 +61,23 @@ class Returns:
     slots: tuple[int, ...]
 
     def build(self, values: Sequence[Any]) -> Any:
+        if self._plain == "leaf":       # one tensor or a flat tuple of them: no pytree walk on every call
+            return values[0]
+        if self._plain == "tuple":
+            return tuple(values)
         leaves = list(self.leaves)
         for k, v in zip(self.slots, values):
             leaves[k] = v
         return pytree.tree_unflatten(leaves, self.spec)
+
+    @functools.cached_property
+    def _plain(self) -> str:
+        every = self.slots == tuple(range(len(self.leaves)))
+        if every and self.spec.is_leaf():
+            return "leaf"
+        if every and self.spec.type is tuple and all(c.is_leaf() for c in self.spec.children_specs):
+            return "tuple"
+        return ""
 
 
 @dataclass

@@ -153,19 +153,28 @@ class Launch:
 
     def allocate(self, buffers: dict, device: torch.device) -> None:
         """Create the outputs, intermediates and the (zeroed) finite-check flag this kernel and its companions
-        use that `buffers` does not hold yet."""
+        use that `buffers` does not hold yet. Where a split loop's count comes to 1 at these sizes, the kernel
+        writes no pieces (codegen/split.epilogue): their buffers are one shared element, not allocated."""
         sizes = buffers.get(SIZES, {})
         for source, shape, dtype in memoised(self._memo, ("allocate", tuple(sizes.items())),
                                               lambda: self._allocations(sizes)):
-            if source not in buffers:
+            have = buffers.get(source)
+            # the tuner's candidates share buffers by key, and one may split where another does not
+            if have is not None and (shape is None or have is not _untouched(device, dtype)):
+                continue
+            if shape is None:
+                buffers[source] = _untouched(device, dtype)
+            else:
                 buffers[source] = (torch.zeros if source == FINITE else torch.empty)(shape, dtype=dtype, device=device)
 
-    def _allocations(self, sizes: Mapping[str, int]) -> list[tuple[Any, tuple, torch.dtype]]:
-        """(buffer key, shape, dtype) of each buffer that is not a program input, once each."""
-        out: dict[Any, tuple[Any, tuple, torch.dtype]] = {}
+    def _allocations(self, sizes: Mapping[str, int]) -> list[tuple[Any, Optional[tuple], torch.dtype]]:
+        """(buffer key, shape, dtype) of each buffer that is not a program input, once each; shape None for a
+        split loop's pieces where it runs in one."""
+        out: dict[Any, tuple[Any, Optional[tuple], torch.dtype]] = {}
+        one = self._grids(sizes)[1] == 1
         for b, shape in zip(self._buffers, self._shapes(sizes)):
             if not _is_input(b.source):
-                out.setdefault(b.source, (b.source, shape, b.dtype))
+                out.setdefault(b.source, (b.source, None if one and _is_split(b.source) else shape, b.dtype))
         return list(out.values())
 
     @functools.cached_property
@@ -197,6 +206,16 @@ class Launch:
 
 def _is_input(key: Any) -> bool:
     return isinstance(key, tuple) and key[0] == "in"
+
+
+def _is_split(key: Any) -> bool:
+    return isinstance(key, tuple) and key[0] == "split"
+
+
+@functools.cache
+def _untouched(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A buffer no kernel reads or writes, passed where one is declared but unused at these sizes."""
+    return torch.empty(1, dtype=dtype, device=device)
 
 
 def memoised(memo: dict, key: Any, make: Callable[[], Any]) -> Any:
