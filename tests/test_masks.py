@@ -8,9 +8,11 @@ import re
 import warnings
 
 import pytest
+import test_fuzz
 import torch
 
 import flashtensor as ft
+import fuzz_programs
 from conftest import assert_close, compiled_matches_eager
 from flashtensor import driver
 from flashtensor.bench import programs
@@ -289,3 +291,45 @@ def test_sinks_and_a_window_visit_only_their_own_tiles_at_4096():
     past = [len(t) for r0, t in sinks.items() if r0 >= 1024 + br]
     assert len(set(past)) == 1 and past[0] <= 1 + (1024 + br) // bl + 2, past
     assert sum(map(len, sinks.values())) <= 0.55 * sum(map(len, causal.values()))
+
+
+@pytest.mark.unit
+def test_segments_empty_at_compile_time_are_found_in_each_pass():
+    """loop.empty_in folds the bounds' constants per pass (`fin` 1, the first; 0, the fixup) and knows nothing of
+    a value read or computed at run time, nor of a floor division Triton might round otherwise (the bounds of a
+    band mask over one key, as the kernel of tests/test_fuzz.py's folded_early_exit_loops has them)."""
+    class Pre:
+        pre = ["lo = 0 * fin", "hi = 22 - (22 - 22) * fin", "ua = tl.minimum(tl.maximum(0, lo), hi)",
+               "ub = tl.maximum(ua, tl.minimum(0, ((tl.maximum(--29, 0) + 0) // 1) // 32 * 32))",
+               "sp = hi - (hi - tl.minimum(tl.maximum((((tl.maximum(--29, 0) + 0) // 1) + 31) // 32 * 32, ub), hi)) * fin",
+               "top = 8 + (hi - 8) * fin", "r = tl.load(p)", "neg = (0 - 5) // 2"]
+    em = Pre()
+    assert loop.empty_in(em, "lo", "ua") == {0, 1}
+    assert loop.empty_in(em, "ua", "ub") == {0, 1}
+    assert loop.empty_in(em, "ub", "sp") == set()       # [0, 22) in both
+    assert loop.empty_in(em, "sp", "hi") == {0, 1}
+    assert loop.empty_in(em, "top", "hi") == {1}        # [8, 22) in the fixup pass only
+    assert loop.empty_in(em, "r", "lo") == set() and loop.empty_in(em, "neg", "lo") == set()
+
+
+@pytest.mark.unit
+def test_a_segment_said_empty_is_empty_on_every_row():
+    """Against the bounds evaluated per row tile: each segment empty_in leaves out visits no tile in that pass, on
+    a band mask over one key whose column statistic stops early (the fuzz find folded_early_exit_loops)."""
+    spec = test_fuzz.FOUND[test_fuzz.FOUND_IDS.index("folded_early_exit_loops")]
+    args = [torch.empty_like(t, device="meta") for t in fuzz_programs.inputs(spec)]
+    found = 0
+    for _, plan in driver.candidate_plans(fuzz_programs.flat(spec), args, Options()):
+        for kernel in (k for ks in plan.stages["emit"].values() for k in ks):
+            em = Emitter(kernel, CONFIGS[0])
+            if em.s.loop is None:
+                continue
+            for a, b, _, _ in loop.segments(em):
+                for fin in loop.empty_in(em, a, b):
+                    found += 1
+                    for r0 in range(0, em.s.row.extent if em.s.row else 1, em.blk[em.s.row] if em.s.row else 1):
+                        env = {"tl": _TL, "fin": fin, "r0": r0}
+                        for line in em.pre:
+                            exec(line, env)
+                        assert env[a] >= env[b], (kernel.name, a, b, fin, r0)
+    assert found, "no segment empty at compile time: the test checks nothing"
