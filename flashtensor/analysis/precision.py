@@ -125,14 +125,18 @@ def saturates(n: LNode, faithful: bool) -> float:
     masked row uniform; below that magnitude eager's sum is s + 0, exact, and the float32 sum is as close to the
     exact answer (rounding it there would round the float32 scores once where eager rounded each step before:
     another draw of error, at times farther from the exact answer than eager's)."""
-    if (faithful and n.dtype in _HALF) or n.attrs.get(ROUNDS) or rounds_input(n) or not rounds_sum(n):
+    if (faithful and n.dtype in _HALF) or _marked(n) or not rounds_sum(n):
         return 0.0
     return _COARSE[n.dtype]
 
 
+def _marked(n: LNode) -> bool:
+    return bool(n.attrs.get(ROUNDS)) or rounds_input(n)
+
+
 def kept(n: LNode) -> bool:
     """Whether every plan rounds n, faithful or not (the rewrites and the factorisation of sums leave it whole)."""
-    return bool(n.attrs.get(ROUNDS)) or rounds_input(n) or rounds_sum(n)
+    return _marked(n) or rounds_sum(n)
 
 
 def rounds(n: LNode, faithful: bool) -> bool:

@@ -67,8 +67,6 @@ class Compiled:
         prog, baked_grad = self._plan(call)
         if grad and baked_grad:
             return self._eager(args, kwargs)
-        if prog.plan.eager:     # nothing fused, or priced slower than eager: the function, called as the user did
-            return self.fn(*args, **kwargs)
         return prog.run(call.leaves)
 
     def cache_info(self) -> dict[str, int]:

@@ -12,7 +12,6 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from ..analysis import precision
 from ..analysis.facts import IDENTITY, exact_sum
 from ..ir.loops import Affine, LNode, LOutput, Var, outside, read_input
 from ..ir.sizes import source, times
@@ -125,11 +124,6 @@ class Emitter(Tiles):
                 return out, tv
         if op in BINARY:
             expr = BINARY[op].format(self.arg(n.args[0], tv, ctx), self.arg(n.args[1], tv, ctx))
-            coarse = precision.saturates(n, self.faithful) if id(n) not in self.undotted else 0.0
-            if coarse and not exact_sum(n):     # rounded where a mask constant makes it coarse, as eager's is
-                lines += [f"{out} = {expr}",
-                          f"{out} = tl.where(tl.abs({out}) >= {lit(coarse)}, {round_to(n.dtype, out)}, {out})"]
-                return out, tv
             lines.append(f"{out} = " + (expr if exact_sum(n) else self.rounded(n, expr)))
             return out, tv
         if op == "reduce":

@@ -165,8 +165,8 @@ def _static(x: ast.expr, env: dict[str, int]) -> Optional[int]:
             return _ARITH[type(x.op)](a, b)
         return a // b if isinstance(x.op, ast.FloorDiv) and a >= 0 and b > 0 else None
     if isinstance(x, ast.Call) and ast.unparse(x.func) in _CALLS and x.args and not x.keywords:
-        vs = [_static(a, env) for a in x.args]
-        return None if None in vs else _CALLS[ast.unparse(x.func)](v for v in vs if v is not None)
+        known = [v for a in x.args if (v := _static(a, env)) is not None]
+        return _CALLS[ast.unparse(x.func)](known) if len(known) == len(x.args) else None
     return None
 
 

@@ -19,7 +19,7 @@ from ..options import TileConfig
 from ..schedule.schedule import Schedule, ScheduleError, contraction, factorize
 from .artifact import INT32_REACH, Buffer
 from .body import Body
-from .lower import HALF, contig, pow2, round_to
+from .lower import HALF, contig, lit, pow2, round_to
 from .spec import KernelSpec
 
 
@@ -187,8 +187,14 @@ class Tiles(abc.ABC):
         """expr, n's value in float32, rounded to n's half type where the precision policy says eager's
         rounding must be reproduced (analysis/precision.py `rounds`: in a faithful plan, and wherever it decides
         a result); a cast of an input that rounds is rounded in every plan, so that dots and elementwise
-        products, in whichever kernel, read the same values."""
-        return round_to(n.dtype, expr) if self.rounds(n) else expr
+        products, in whichever kernel, read the same values. A sum rounded only for its mask is rounded where the
+        mask makes it coarse (precision.saturates)."""
+        if not self.rounds(n):
+            return expr
+        coarse = 0.0 if id(n) in self.undotted else precision.saturates(n, self.faithful)
+        if coarse:
+            return f"tl.where(tl.abs({expr}) >= {lit(coarse)}, {round_to(n.dtype, expr)}, {expr})"
+        return round_to(n.dtype, expr)
 
     def rounds(self, n: LNode) -> bool:
         """Whether `rounded` rounds n (else n's float32 value stands for it, no instruction)."""

@@ -159,8 +159,10 @@ class Launch:
         for source, shape, dtype in memoised(self._memo, ("allocate", tuple(sizes.items())),
                                               lambda: self._allocations(sizes)):
             have = buffers.get(source)
-            # the tuner's candidates share buffers by key, and one may split where another does not
-            if have is not None and (shape is None or have is not _untouched(device, dtype)):
+            # the tuner's candidates share buffers by key, and one may split where another does not: a placeholder
+            # is replaced where this one writes pieces
+            placeholder = shape is not None and _is_split(source) and have is _untouched(device, dtype)
+            if have is not None and not placeholder:
                 continue
             if shape is None:
                 buffers[source] = _untouched(device, dtype)
