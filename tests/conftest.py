@@ -9,6 +9,13 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
 from flashtensor.testing import as_tuple, compare, rel_err  # noqa: E402,F401  (rel_err is re-exported for tests)
 
 
+def pytest_configure(config):
+    """A plan that cannot be read back is a bug, except in the tests that damage entries on purpose (pytest.warns).
+    Added here rather than in pyproject.toml's filterwarnings, whose categories pytest imports before this file
+    sets TRITON_INTERPRET: triton.language's own jit functions (tl.max) then do not run in the interpreter."""
+    config.addinivalue_line("filterwarnings", "error::flashtensor.runtime.cache.CacheWarning")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _session_cache_dir(tmp_path_factory):
     """Plans and kernel sources go to a fresh folder per session: no test reuses an earlier run's plans,
