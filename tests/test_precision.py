@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+import flashtensor as ft
 from conftest import compiled_matches_eager
 from flashtensor import workloads
 from flashtensor.analysis.precision import decide
@@ -56,6 +57,15 @@ def inverse_distance(q, k):
     s = q @ k.transpose(-1, -2)
     w = 1 / ((s - s.amax(-1, keepdim=True)).abs() + 1e-6)
     return w / w.sum(-1, keepdim=True)
+
+
+def attended_keys(q, k):
+    """The keys some query gives at least a uniform share 1 / S of its row (CORM's keep rule), and each key's
+    total in float32 (which rounds every fp16 value as eager does): a padding query's equal scores give
+    fp16(1 / S) on every key, which eager compares with the threshold rounded to fp16 as well, so every key
+    counts."""
+    p = torch.softmax(q @ k.transpose(-1, -2), dim=-1)
+    return (p >= 1 / k.shape[-2]).any(dim=-2), p.sum(dim=-2, dtype=torch.float32)
 
 
 def _loops(fn, *shapes, dtype=torch.float16):
@@ -155,3 +165,12 @@ def test_zero_variance_rows_are_nan_as_in_eager():
     q[:, 40:] = 0                                   # padding queries
     out, compiled = compiled_matches_eager(normed_scores, [q, k])
     assert out[:, 40:].isnan().all() and out[:, :40].isfinite().all() and _fused(compiled)
+
+
+def test_a_threshold_compares_as_eager_rounds_it():
+    g = torch.Generator().manual_seed(9)
+    q, k = (torch.randn(2, 21, 16, generator=g, dtype=torch.float16) for _ in range(2))
+    q[:, 15:] = 0                                   # padding queries: fp16(1 / 21) on every key, below 1 / 21
+    compiled = ft.compile(attended_keys, cache=False)
+    kept, _ = compiled(q, k)
+    assert kept.all() and torch.equal(kept, attended_keys(q, k)[0]) and _fused(compiled)

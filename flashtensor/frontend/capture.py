@@ -430,8 +430,17 @@ def _binary(op):
         alpha = kw.get("alpha", a[2] if len(a) > 2 else 1)
         if alpha != 1:
             y = b.add("mul", (y, alpha), y.shape if isinstance(y, Node) else (), dtype, src)
+        if op in ("eq", "ne", "lt", "le", "gt", "ge"):
+            x, y = _compared(x, y), _compared(y, x)
         return b.add(op, (x, y), shape, dtype, src)
     return rule
+
+
+def _compared(v: Any, other: Any) -> Any:
+    """A number compared with a half tensor is rounded to its dtype, as eager's CPU and CUDA kernels read it: an
+    fp16 p of fp16(1 / 21) (a uniform row) is `>= 1 / 21`."""
+    half = isinstance(other, Node) and other.dtype in (torch.float16, torch.bfloat16)
+    return torch.tensor(v, dtype=torch.float64).to(other.dtype).item() if half and type(v) in (int, float) else v
 
 
 def _identity(b, a, kw, shape, dtype, src):
