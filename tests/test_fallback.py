@@ -116,7 +116,9 @@ def test_remainder_runs_through_torch_compile_once_per_plan(fn, monkeypatch):
     """compile_remainder=True (the default on CUDA devices): the remainder is one torch.compile'd FX graph,
     compiled on the plan's first call and reused by later calls, never the evaluator; the answer is eager's.
     An opaque call's keyword arguments once reached Dynamo through a generator it cannot rebuild at a graph
-    break (SnapKV's avg_pool1d on the H200), and the evaluator ran instead."""
+    break (SnapKV's avg_pool1d on the H200), and the evaluator ran instead; later its kernel_size as FX's
+    immutable_list, which Dynamo cannot pass to the op: the graph broke there (the whole remainder is compiled
+    in one graph now, or not at all)."""
     from torch._dynamo.utils import counters
 
     from flashtensor.runtime import remainder
@@ -292,11 +294,17 @@ def test_one_warning_per_distinct_note_per_compiled_callable():
 # ---- pricing a plan against the function itself (GPU) ---------------------------------------------------
 
 @pytest.mark.unit
-@pytest.mark.parametrize("fused_ms,eager_ms,runs_eager", [(2.0, 1.0, True), (1.0, 2.0, False), (1.0, 1.0, False)])
+@pytest.mark.parametrize("fused_ms,eager_ms,runs_eager", [
+    ((2.0, 2.0, 2.0), (1.0, 1.0, 1.0), True), ((1.0, 1.0, 1.0), (2.0, 2.0, 2.0), False),
+    ((1.0, 1.0, 1.0), (1.0, 1.0, 1.0), False),
+    # a host-bound call timed slower than eager once (held tova, fp16, on the H200: 0.181 against 0.152 ms, then
+    # 0.122 against 0.187 side by side): each is priced by its best round
+    ((0.181, 0.122, 0.125), (0.152, 0.187, 0.190), False)])
 def test_a_plan_slower_than_the_function_itself_runs_eager(fused_ms, eager_ms, runs_eager):
-    """On a GPU the searched plan is timed against the user's function on the call's inputs, and the faster runs
-    (the held linear_elu program's one kernel recomputed the d x d context for every query tile, 0.19x eager on
-    the H200). Here with stand-in timings: which entry wins, and the note that says why."""
+    """On a GPU the searched plan is timed against the user's function on the call's inputs, alternately in three
+    rounds, and the faster by its best round runs (the held linear_elu program's one kernel recomputed the d x d
+    context for every query tile, 0.19x eager on the H200). Here with stand-in timings: which entry wins, and the
+    note that says why."""
     from flashtensor import driver
     from flashtensor.runtime.plan import Plan
 
@@ -313,7 +321,7 @@ def test_a_plan_slower_than_the_function_itself_runs_eager(fused_ms, eager_ms, r
     def fn(*args):
         ran.append("eager")
 
-    times = iter([fused_ms, eager_ms])
+    times = iter([t for pair in zip(fused_ms, eager_ms) for t in pair])
 
     def measure(f):
         f()
@@ -321,11 +329,11 @@ def test_a_plan_slower_than_the_function_itself_runs_eager(fused_ms, eager_ms, r
 
     entry = {"eager": False, "kernels": [], "notes": []}
     out = driver._priced(Plan(), entry, Stub, fn, [1, 2], measure)
-    assert ran == ["fits", "kernels", "eager"]     # the plan timed with the checks a call makes
+    assert ran == ["fits", "kernels", "eager"] * 3     # the plan timed with the checks a call makes
     assert out["eager"] is runs_eager
     if runs_eager:
-        assert out["notes"] == [f"the fused kernels took {fused_ms:.3f} ms and eager PyTorch {eager_ms:.3f} ms on "
-                                "this device; the program runs in eager PyTorch"]
+        assert out["notes"] == [f"the fused kernels took {min(fused_ms):.3f} ms and eager PyTorch "
+                                f"{min(eager_ms):.3f} ms on this device; the program runs in eager PyTorch"]
     else:
         assert out is entry
 

@@ -265,11 +265,13 @@ def _opaque(b, t, args, kw, shape, dtype, src, index):
 
 
 def _marked(a: Any, tensors: list[Node]) -> Any:
+    """`a` with TENSOR in its tensors' places, as plain lists and tuples: FX's immutable_list (an argument such as
+    avg_pool's kernel_size) is one Dynamo cannot pass to the op, so it would break a compiled remainder's graph."""
     if isinstance(a, Node):
         tensors.append(a)
         return TENSOR
     if isinstance(a, (list, tuple)):
-        return type(a)(_marked(x, tensors) for x in a)
+        return (list if isinstance(a, list) else tuple)(_marked(x, tensors) for x in a)
     return a
 
 
