@@ -211,7 +211,7 @@ def test_a_generic_plan_priced_slower_than_eager_is_priced_again_per_bucket(monk
     from flashtensor.runtime.launch import Launch
     for module in (driver, compiled_module):
         monkeypatch.setattr(module, "timed", lambda device: True)
-    times = iter([2.0, 1.0, 1.0, 2.0])
+    times = iter([2.0, 1.0] * 3 + [1.0, 2.0] * 3)      # three rounds of pricing per bucket
 
     def measure(f):
         f()
