@@ -311,6 +311,8 @@ def test_a_plan_slower_than_the_function_itself_runs_eager(fused_ms, eager_ms, r
     ran = []
 
     class Stub:
+        remainder = None
+
         def fits(self, args):
             ran.append("fits")
             return True
@@ -346,6 +348,8 @@ def test_a_plan_stands_where_the_function_itself_runs_out_of_memory():
     from flashtensor.runtime.plan import Plan
 
     class Stub:
+        remainder = None
+
         def fits(self, args):
             return True
 
@@ -357,6 +361,36 @@ def test_a_plan_stands_where_the_function_itself_runs_out_of_memory():
 
     entry = {"eager": False, "kernels": [], "notes": []}
     assert driver._priced(Plan(), entry, Stub, fn, [1, 2], lambda f: f() or 1.0) is entry
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("compiled_ms,evaluated_ms,evaluates", [(0.36, 0.2, True), (0.2, 0.36, False)])
+def test_a_compiled_remainder_is_priced_against_the_evaluator(compiled_ms, evaluated_ms, evaluates):
+    """A partial plan's torch.compile'd remainder is timed in the evaluator too, and the faster stays: the entry
+    says so, and its program builds the remainder for the evaluator (SnapKV's pooled window scores on the H200:
+    0.36 ms a call with the compiled remainder, the kernels' part 0.11 ms)."""
+    from flashtensor import driver
+    from flashtensor.runtime.plan import Plan
+
+    class Remainder:
+        compiled = "compiled graph"
+
+    class Stub:
+        remainder = Remainder()
+
+        def fits(self, args):
+            return True
+
+        def run(self, args):
+            return self.remainder.compiled
+
+    def measure(f):
+        return {"compiled graph": compiled_ms, None: evaluated_ms, "eager": 1.0}[f()]
+
+    entry = {"eager": False, "kernels": [], "notes": []}
+    out = driver._priced(Plan(), entry, lambda: Stub(), lambda *a: "eager", [1, 2], measure)
+    assert not out["eager"] and out.get("evaluate_remainder", False) is evaluates
+    assert Stub.remainder.compiled == "compiled graph"      # restored after timing
 
 
 @pytest.mark.unit

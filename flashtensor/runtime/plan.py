@@ -25,7 +25,8 @@ from .remainder import Remainder
 class Plan:
     """One function at one argument signature. `stages` maps each stage's name to its output, for the stages
     that ran (a plan from the cache has capture and decompose only); `entry` is the plain-data plan: kernels
-    (as dicts), constants, which buffer holds each fused output, notes, `summary` for explain, and `eager`:
+    (as dicts), constants, which buffer holds each fused output, notes, `summary` for explain,
+    `evaluate_remainder` (the pricing found the evaluator faster than torch.compile for the remainder), and `eager`:
     True where nothing is fused, or where the kernels were priced slower than eager (`priced` says so; the rest of
     the entry stays, for driver.retune), and the program calls the user's function."""
     stages: dict[str, Any] = field(default_factory=dict)
@@ -73,7 +74,8 @@ class Program:
         self.consts = [c.to(device) for c in plan.entry.get("consts", [])]
         self.launches = [Launch(k, load_kernel(k)) for k in self.kernels]
         self.results: list[tuple[Node, tuple]] = [(nodes[name], k) for name, k in plan.entry.get("results", [])]
-        self.remainder = None if plan.eager else Remainder(g, [n for n, _ in self.results], compile_remainder)
+        self.remainder = None if plan.eager else Remainder(g, [n for n, _ in self.results], compile_remainder and
+                                                           not plan.entry.get("evaluate_remainder", False))
         self.device = device
         self.compile_remainder = compile_remainder
         self.size_sources: dict[str, tuple[int, int]] = plan.entry.get("sizes", {})
