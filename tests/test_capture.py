@@ -122,12 +122,11 @@ def sdpa_merge_heads(q, k, v):
     return out.transpose(1, 2).reshape(b, s, h * d)
 
 
-def snapkv_max_pool(q, k, v):
-    """SnapKV's vote over the observation window, pooled with max instead of avg."""
+def pooled_with_positions(q, k, v):
+    """PyramidKV-style max pooling of the votes, with the positions of the maxima, which the IR cannot hold."""
     window = q[..., -8:, :]
     probs = torch.softmax(window @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
-    votes = probs.sum(dim=-2)
-    return F.max_pool1d(votes, kernel_size=5, padding=2, stride=1)
+    return F.max_pool1d(probs.sum(dim=-2), kernel_size=5, padding=2, stride=1, return_indices=True)
 
 
 def best_key(q, k, v):
@@ -143,7 +142,7 @@ def case(fn, op, text, unit=False):
 MULTI = [case(std_and_mean, "aten.std_mean", "torch.std_mean(", unit=True),
          case(min_max_scaled, "aten.aminmax", "torch.aminmax(", unit=True),
          case(sdpa_merge_heads, "aten._scaled_dot_product", "F.scaled_dot_product_attention(", unit=True),
-         case(snapkv_max_pool, "aten.max_pool2d_with_indices", "F.max_pool1d("),
+         case(pooled_with_positions, "aten.max_pool2d_with_indices", "F.max_pool1d("),
          case(best_key, "aten.max.dim", "torch.max(")]
 
 
@@ -157,10 +156,55 @@ def test_calls_with_several_outputs_run_in_eager_with_one_note(fn, op, text):
 
 @pytest.mark.unit
 def test_unused_outputs_get_no_node():
-    """max_pool1d's indices, unused, make no opaque node (which would cost a note and kernel outputs)."""
-    g = capture(lambda x: F.max_pool1d(x, kernel_size=3, stride=1) * 2, [qkv()[0][0]])
+    """aminmax's minimum, unused, makes no opaque node (which would cost a note and kernel outputs)."""
+    g = capture(lambda x: torch.aminmax(x, dim=-1).max * 2, [qkv()[0][0]])
     assert [(n.attrs["fn"].name(), n.attrs["index"]) for n in g.nodes if n.op == "opaque"] == \
-        [("aten::max_pool2d_with_indices", 0)]
+        [("aten::aminmax", 1)]
+
+
+def snapkv_smoothed(q, k, v):
+    """kvpress's SnapKV: the last window's votes averaged, smoothed by avg_pool1d."""
+    window = q[..., -8:, :]
+    probs = torch.softmax(window @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+    return F.avg_pool1d(probs.mean(dim=-2), kernel_size=5, padding=2, stride=1)
+
+
+def pyramid_pooled(q, k, v):
+    """PyramidKV: the votes max-pooled (the positions unused), as a half tensor."""
+    window = q[..., -8:, :]
+    probs = torch.softmax((window @ k.transpose(-2, -1)).float() / math.sqrt(q.shape[-1]), dim=-1)
+    return F.max_pool1d(probs.sum(dim=-2).to(q.dtype), kernel_size=7, padding=3, stride=1)
+
+
+def pooled_keys(q, k, v):
+    """Keys and values compressed four tokens to one by padded pooling (mean for keys, max for values, shifted by
+    F.pad), then attention."""
+    kp = F.avg_pool2d(k, kernel_size=(4, 1), stride=(4, 1), padding=(2, 0), count_include_pad=False)
+    vp = F.max_pool1d(v[0].transpose(-1, -2), kernel_size=4, stride=4, padding=2).transpose(-1, -2)[None]
+    vp = F.pad(vp, (0, 0, 1, -1), value=0.5)
+    return torch.softmax(q @ kp.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1) @ vp
+
+
+@pytest.mark.parametrize("fn", [pooled_keys])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_padding_and_pooling_lower_and_fuse(fn, dtype):
+    """constant padding and 1-d/2-d pooling of per-element values lower to cats and shifted slices: nothing
+    opaque, no note, and eager's values (half inputs accumulate in float32 and round once, as eager's do)."""
+    args = tuple(a.to(dtype) for a in qkv(s=40))
+    out, program, notes = run(fn, *args)
+    assert_same(out, fn(*args))
+    assert program.launches and not notes, notes
+    assert not [n for n in program.plan.captured.nodes if n.op == "opaque"]
+
+
+@pytest.mark.parametrize("fn,op", [(snapkv_smoothed, "avg_pool"), (pyramid_pooled, "max_pool")])
+def test_pooling_of_statistics_stays_eager_with_a_note(fn, op):
+    """Pooled column statistics: shifted slices would recompute the statistics once per offset, so the pooling
+    stays an eager op, named in the note with the user's line, and the answer is eager's."""
+    args = qkv(s=40)
+    out, program, notes = run(fn, *args)
+    assert_same(out, fn(*args))
+    assert program.launches and any(op in n and f"F.{op}1d(" in n for n in notes), notes
 
 
 def test_unbind_of_packed_qkv_lowers_and_fuses():

@@ -19,9 +19,7 @@ FAILS: dict[tuple[str, str], str] = {}
 
 # what does not run wholly in kernels today (the notes say why); every other program must stay fused
 NOT_FUSED = {
-    "snapkv_window": "partial: no lowering for aten.avg_pool2d (F.avg_pool1d)",
-    "tova": "fallback: no fused plan for one query's scores (a sum over a product of three loop variables "
-            "that is not a contraction)",
+    "snapkv_window": "partial: F.avg_pool1d of column statistics stays an eager op (frontend/pooling.py)",
 }
 
 

@@ -25,7 +25,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from ..ir.graph import Builder, Graph, Node, Returns
 from ..ir.ops import ELEMENTWISE, GROUP, TENSOR, Group, scalar
 from ..ir.sizes import same
-from . import layout
+from . import layout, pooling
 from .eager import EagerOnly, name, raise_if_eager_rejects, torch_logs_to_debug, whole, why_untraced
 from .scatter import scatter
 from .source import SourceRecorder
@@ -396,19 +396,17 @@ def _var_mean(b, fx, args, kw, src, live):
             for n, v in zip((var, mean), fx.meta["val"])]
 
 
-def _log_sigmoid(b, fx, args, kw, src, live):
-    """log_sigmoid_forward (F.logsigmoid): the value; its second output, a buffer for the backward, stays opaque
-    where read."""
-    val, buf = fx.meta["val"]
-    out = b.add("log_sigmoid", (args[0],), tuple(val.shape), val.dtype, src)
-    return [out, _opaque(b, fx.target, args, kw, tuple(buf.shape), buf.dtype, src, 1) if 1 in _used(fx, live) else None]
-
-
-# calls that return several tensors and have a lowering; any other such call is _multi_opaque
-_MULTI = {aten.max.dim: _max_dim, aten.min.dim: _max_dim, aten.split.Tensor: _split,
-          aten.split_with_sizes.default: _split, aten.unbind.int: _unbind,
-          aten.native_layer_norm.default: _layer_norm, aten.var_mean.correction: _var_mean,
-          aten.log_sigmoid_forward.default: _log_sigmoid}
+def _first_lowered(lower: Callable) -> Callable:
+    """A call whose first output has a lowering (`lower`, a rule of _RULES' form) and whose others, the indices
+    of max_pool or log_sigmoid's buffer for the backward, stay opaque where read."""
+    def rule(b, fx, args, kw, src, live):
+        vals, used = fx.meta["val"], _used(fx, live)
+        first = lower(b, args, kw, tuple(vals[0].shape), vals[0].dtype, src)
+        if first is None:
+            return _multi_opaque(b, fx, args, kw, src, live)
+        return [first] + [_opaque(b, fx.target, args, kw, tuple(v.shape), v.dtype, src, k) if k in used else None
+                          for k, v in enumerate(vals) if k > 0]
+    return rule
 
 
 def _with_params(op: str, **defaults: Any) -> Callable:
@@ -503,6 +501,13 @@ def _overload(name: str) -> Any:
     return getattr(getattr(aten, packet), overload)
 
 
+# calls that return several tensors and have a lowering; any other such call is _multi_opaque
+_MULTI = {aten.max.dim: _max_dim, aten.min.dim: _max_dim, aten.split.Tensor: _split,
+          aten.split_with_sizes.default: _split, aten.unbind.int: _unbind,
+          aten.native_layer_norm.default: _layer_norm, aten.var_mean.correction: _var_mean,
+          aten.log_sigmoid_forward.default: _first_lowered(_unary("log_sigmoid")),
+          aten.max_pool2d_with_indices.default: _first_lowered(pooling.max_pool)}
+
 _RULES: dict[Any, Callable] = {
     # elementwise ops: the ATen overloads ir.ops.ELEMENTWISE names for each
     **{_overload(name): (_unary if GROUP[op] is Group.UNARY else _binary)(op)
@@ -564,8 +569,7 @@ _RULES: dict[Any, Callable] = {
         "expand", (a[0],), s, d, src),
     aten.select.int: lambda b, a, kw, s, d, src: b.add(
         "select", (a[0],), s, d, src, dim=a[1] % len(a[0].shape), index=a[2] % a[0].shape[a[1]]),
-    aten.slice.Tensor: lambda b, a, kw, s, d, src: _slice(b, a, s, d, src),
-    aten.fill.Scalar: _fill, aten.fill.Tensor: _fill, **layout.RULES,
+    aten.fill.Scalar: _fill, aten.fill.Tensor: _fill, **layout.RULES, **pooling.RULES,
     aten.elu.default: _with_params("elu", alpha=1.0, scale=1.0, input_scale=1.0),
     aten.nan_to_num.default: _with_params("nan_to_num", nan=None, posinf=None, neginf=None),
     aten.slice_scatter.default: scatter(False), aten.select_scatter.default: scatter(True),
@@ -585,14 +589,3 @@ def _swap(rank, i, j):
     dims[i], dims[j] = dims[j], dims[i]
     return dims
 
-
-def _slice(b, a, s, d, src):
-    x = a[0]
-    dim = (a[1] if len(a) > 1 else 0) % len(x.shape)
-    start = a[2] if len(a) > 2 and a[2] is not None else 0
-    step = a[4] if len(a) > 4 else 1
-    start = max(0, start + x.shape[dim] if start < 0 else start)
-    if tuple(x.shape) == s:
-        return x
-    every = {"step": step} if step != 1 and s[dim] > 1 else {}    # x[..., ::2] (GPT-J's interleaved halves)
-    return b.add("slice", (x,), s, d, src, dim=dim, start=min(start, x.shape[dim]), **every)

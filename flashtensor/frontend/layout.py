@@ -1,4 +1,4 @@
-"""Capture rules for the layout ops that join or repeat tensors: cat, stack, repeat.
+"""Capture rules for the layout ops that join, repeat or cut tensors: cat, stack, repeat, slice.
 
 cat is a graph op of its own (the loop form selects among its pieces by the joined axis' index, see
 transform/loopform.py); stack is a cat of pieces with the new axis inserted, and repeat an expand of a new
@@ -44,4 +44,18 @@ def _repeat(b: Builder, a: list, kw: dict, s: tuple, d: torch.dtype, src: str) -
     return b.add("reshape", (y,), s, d, src)
 
 
-RULES: dict[Any, Callable] = {aten.cat.default: _cat, aten.stack.default: _stack, aten.repeat.default: _repeat}
+def _slice(b: Builder, a: list, kw: dict, s: tuple, d: torch.dtype, src: str) -> Node:
+    """x[..., start:stop:step] along one dimension; a negative start counts from the end."""
+    x = a[0]
+    dim = (a[1] if len(a) > 1 else 0) % len(x.shape)
+    start = a[2] if len(a) > 2 and a[2] is not None else 0
+    step = a[4] if len(a) > 4 else 1
+    start = max(0, start + x.shape[dim] if start < 0 else start)
+    if tuple(x.shape) == s:
+        return x
+    every = {"step": step} if step != 1 and s[dim] > 1 else {}    # x[..., ::2] (GPT-J's interleaved halves)
+    return b.add("slice", (x,), s, d, src, dim=dim, start=min(start, x.shape[dim]), **every)
+
+
+RULES: dict[Any, Callable] = {aten.cat.default: _cat, aten.stack.default: _stack, aten.repeat.default: _repeat,
+                              aten.slice.Tensor: _slice}
