@@ -47,7 +47,15 @@ def snapkv_window(q, k, v, window=8):
     return obs.view(B, KV, G, S).mean(dim=2)
 
 
-@pytest.mark.parametrize("fn", [h2o_per_kv_head, group_sum_then_col_sum, mean_over_heads, snapkv_window])
+def normalised_then_group_mean(q, k, v):
+    """kvpress's observed attention for GQA: column sums over the number of queries that see each key, then the
+    mean over the group (elementwise values between the two sums)."""
+    seen = torch.arange(S, 0, -1, dtype=torch.float32)
+    return (_probs(q, k).sum(dim=-2) / seen).view(B, KV, G, S).mean(dim=2)
+
+
+@pytest.mark.parametrize("fn", [h2o_per_kv_head, group_sum_then_col_sum, mean_over_heads, snapkv_window,
+                                normalised_then_group_mean])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_group_statistics_fuse_with_thin_boundaries(fn, dtype):
     g = torch.Generator().manual_seed(7)

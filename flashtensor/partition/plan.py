@@ -31,36 +31,59 @@ class KernelPlan:
         return {v for r in self.roots for v in r.vars}
 
 
+def _is_sum(n: LNode) -> bool:
+    return n.op == "reduce" and n.attrs["kind"] == "sum"
+
+
+def _of_statistics(n: LNode) -> bool:
+    """Whether `n` reads another reduction, directly or through values that are not reductions."""
+    stack, seen = list(n.inputs), set()
+    while stack:
+        a = stack.pop()
+        if id(a) in seen:
+            continue
+        seen.add(id(a))
+        if a.op == "reduce":
+            return True
+        stack.extend(a.inputs)
+    return False
+
+
 def _cuts(roots: list[LNode], parallel: set[Var], produced: set[LNode],
           whole: int = 0, nested: bool = False, invariant: int = 0) -> tuple[list[LNode], set[LNode]]:
     """Reductions over a parallel variable reachable from `roots` (stopping at `produced`), except those
     over a variable of extent at most `whole`, which a program can hold whole in its tile; with `nested`,
-    also a sum that another sum reads directly (per-head column sums under a sum over a head group); with
-    `invariant` > 0, also a reduction longer than that whose value does not vary along the longest parallel
-    variable, itself longer: the grid splits it, so each program would compute the value again (linear
-    attention's d x d context k^T v under an output over queries, which each query tile would recompute)."""
+    also a sum that another sum reads directly (per-head column sums under a sum over a head group), or
+    through elementwise values when it sums statistics and varies along the outer sum's variable (column
+    sums of probabilities, pooled, then averaged over the group; not a softmax's row sum under the sum
+    over keys of P @ V); with `invariant` > 0, also a reduction longer than that whose value does not vary along
+    the longest parallel variable, itself longer: the grid splits it, so each program would compute the value
+    again (linear attention's d x d context k^T v under an output over queries, which each query tile would
+    recompute)."""
     longest = max(parallel, key=lambda v: (length(v.extent), -v.id), default=None)
     row = longest if invariant and longest is not None and longer(longest.extent, invariant) else None
     cuts: list[LNode] = []
-    seen: set[int] = set()
-    stack = list(roots)
+    seen: set[tuple[int, Optional[Var]]] = set()
+    stack: list[tuple[LNode, Optional[Var]]] = [(r, None) for r in roots]
     loads: set[LNode] = set()
     while stack:
-        n = stack.pop()
-        if id(n) in seen:
+        n, over = stack.pop()       # over: the variable of the sum that reads n through elementwise values
+        if (id(n), over) in seen:
             continue
-        seen.add(id(n))
+        seen.add((id(n), over))
+        over = n.attrs["var"] if _is_sum(n) else None if n.op == "reduce" else over
         for a in n.inputs:
             if a in produced and a not in roots:
                 loads.add(a)
             elif a.op == "reduce" and a not in roots and (
                     (a.attrs["var"] in parallel and longer(a.attrs["var"].extent, whole)) or
-                    (nested and n.op == a.op == "reduce" and n.attrs["kind"] == a.attrs["kind"] == "sum") or
+                    (nested and _is_sum(a) and (_is_sum(n) or (over in a.vars and _of_statistics(a)))) or
                     (row is not None and row not in a.vars and longer(a.attrs["var"].extent, invariant))):
-                cuts.append(a)
+                if a not in cuts:
+                    cuts.append(a)
                 loads.add(a)
             else:
-                stack.append(a)
+                stack.append((a, over))
     return cuts, loads
 
 
@@ -71,7 +94,8 @@ def partitions(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]], whol
     kernel of their own, which recomputes the shared scores but carries less per program. The third
     keeps reductions over parallel variables of extent at most `whole` inside the kernel (a softmax
     over short rows returned whole: one pass instead of statistics, then the elementwise pass). The fourth
-    cuts a sum that another sum reads (GQA's column sums per head, then the sum over the head group). The fifth
+    cuts a sum that another sum reads, directly or through elementwise values (GQA's column sums per head,
+    then the sum over the head group). The fifth
     cuts long reductions that do not vary along a kernel's longest parallel variable (`_cuts`' invariant)."""
     out: list[list[KernelPlan]] = []
     for related_only, short, nested, invariant in ((False, 0, False, 0), (True, 0, False, 0), (False, whole, False, 0),
