@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 
-from ..ir.graph import Builder, Node
+from ..ir.graph import Builder, Node, topo_order
 from ..ir.ops import GROUP, Group, scalar
 
 aten = torch.ops.aten
@@ -76,17 +76,8 @@ _PER_ELEMENT = {Group.SOURCE, Group.LAYOUT, Group.UNARY, Group.BINARY, Group.SEL
 
 
 def _reads_reduction(x: Node) -> bool:
-    """Whether x depends on a reduction, a contraction or a composite op, through per-element ops only."""
-    stack, seen = [x], set()
-    while stack:
-        n = stack.pop()
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
-        if GROUP[n.op] not in _PER_ELEMENT:
-            return True
-        stack.extend(a for a in n.args if isinstance(a, Node))
-    return False
+    """Whether x depends on a reduction, a contraction or a composite op."""
+    return any(GROUP[n.op] not in _PER_ELEMENT for n in topo_order([x]))
 
 
 def _padded(b: Builder, x: Node, padding: list[int], value: float, src: str) -> Optional[Node]:
@@ -107,10 +98,10 @@ def avg_pool(b: Builder, a: list, kw: dict, s: tuple, d: torch.dtype, src: str) 
         return None
     wide = _WIDE.get(d, d)
     xw = x if x.dtype == wide else b.add("cast", (x,), x.shape, wide, src)
-    total: Optional[Node] = None
     xp = _padded(b, xw, padding, 0.0, src)
     if xp is None:
         return None
+    total: Optional[Node] = None
     for y in _windows(b, xp, kernel, stride, [1, 1], s, src):
         total = y if total is None else b.add("add", (total, y), s, wide, src)
     assert total is not None
@@ -144,10 +135,10 @@ def max_pool(b: Builder, a: list, kw: dict, s: tuple, d: torch.dtype, src: str) 
     dilation = _each(_arg(a, kw, 4, "dilation", 1), 2)
     if _arg(a, kw, 5, "ceil_mode", False) or not d.is_floating_point or _reads_reduction(x):
         return None
-    best: Optional[Node] = None
     xp = _padded(b, x, padding, -math.inf, src)
     if xp is None:
         return None
+    best: Optional[Node] = None
     for y in _windows(b, xp, kernel, stride, dilation, s, src):
         best = y if best is None else b.add("maximum", (best, y), s, d, src)
     return best

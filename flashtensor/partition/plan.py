@@ -36,17 +36,8 @@ def _is_sum(n: LNode) -> bool:
 
 
 def _of_statistics(n: LNode) -> bool:
-    """Whether `n` reads another reduction, directly or through values that are not reductions."""
-    stack, seen = list(n.inputs), set()
-    while stack:
-        a = stack.pop()
-        if id(a) in seen:
-            continue
-        seen.add(id(a))
-        if a.op == "reduce":
-            return True
-        stack.extend(a.inputs)
-    return False
+    """Whether `n` reads another reduction (at any depth: the nearest one is then read through non-reductions)."""
+    return any(a.op == "reduce" for a in loop_topo(n.inputs))
 
 
 def _cuts(roots: list[LNode], parallel: set[Var], produced: set[LNode],
