@@ -34,7 +34,7 @@ from .codegen.spec import KernelSpec
 from .frontend.capture import capture, fallback_notes
 from .ir import sizes
 from .ir.graph import Graph
-from .ir.loops import LNode, LoopGraph, LOutput
+from .ir.loops import LNode, LoopGraph, LOutput, stored
 from .ir.reasons import reason
 from .options import Options, TileConfig
 from .partition.fusable import eager_handoff, fusable_part
@@ -147,7 +147,7 @@ def _emit(plan: Plan, call: Call) -> dict[int, list[KernelSpec]]:
         owner.setdefault(o.node, []).append(o)
     out = {}
     for c, schedules in plan.stages["schedule"].items():
-        loaded = frozenset(n for s in schedules for n in s.plan.loads)
+        loaded = frozenset(stored(n) for s in schedules for n in s.plan.loads)
         checks = plan_checks(loops, schedules, prec.narrowed)
         folded = folded_normalisers(schedules)
         out[c] = [KernelSpec(s, f"ft_kernel{k}", loops.inputs, {r: owner[r] for r in s.plan.roots if r in owner},

@@ -29,7 +29,7 @@ DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRE
 _NAMED = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 DTYPES = tuple(_NAMED[d] for d in os.environ.get("FLASHTENSOR_FUZZ_DTYPES", "fp32,fp16,bf16").split(","))
 ROW_STATS = ("rowmax", "rowsum", "entropy", "rowcount", "rowmaxval", "argmax", "rowvar")
-COL_STATS = ("colsum", "colsq", "colmax", "colany", "colcount", "colvar_mean")
+COL_STATS = ("colsum", "colsq", "colmax", "colany", "colcount", "colvar_mean", "colpool", "colmaxpool")
 THRESHOLD_STATS = ("rowcount", "colany", "colcount")
 # the outputs of a statistic with more than one (the others have one, named as the statistic)
 OUTPUTS = {"colvar_mean": ("colvar", "colmean")}
@@ -178,6 +178,9 @@ def _stat(name: str, p: torch.Tensor, spec: Spec) -> tuple[torch.Tensor, ...]:
         "colany": lambda: ((p >= thr).any(dim=-2),),
         "colcount": lambda: ((p > thr).sum(dim=-2),),
         "colvar_mean": lambda: torch.var_mean(p, dim=-2),
+        # SnapKV's and PyramidKV's smoothed votes
+        "colpool": lambda: (F.avg_pool1d(p.sum(dim=-2), kernel_size=5, padding=2, stride=1),),
+        "colmaxpool": lambda: (F.max_pool1d(p.mean(dim=-2), kernel_size=3, padding=1, stride=1),),
     }[name]()
 
 

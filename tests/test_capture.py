@@ -16,7 +16,9 @@ from conftest import assert_close
 from flashtensor import FallbackWarning
 from flashtensor.frontend.capture import capture
 from flashtensor.ir.evaluate import evaluate
+from flashtensor.ir.loops import evaluate_loops
 from flashtensor.transform.decompose import decompose
+from flashtensor.transform.loopform import to_loops
 
 SEED = 97
 
@@ -162,18 +164,27 @@ def test_unused_outputs_get_no_node():
         [("aten::aminmax", 1)]
 
 
-def snapkv_smoothed(q, k, v):
-    """kvpress's SnapKV: the last window's votes averaged, smoothed by avg_pool1d."""
+def window_votes(q, k, v):
+    """kvpress's SnapKV votes: the last window's attention averaged over its queries."""
     window = q[..., -8:, :]
-    probs = torch.softmax(window @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
-    return F.avg_pool1d(probs.mean(dim=-2), kernel_size=5, padding=2, stride=1)
+    return torch.softmax(window @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1).mean(dim=-2)
+
+
+def snapkv_smoothed(q, k, v):
+    """kvpress's SnapKV: the votes smoothed by avg_pool1d."""
+    return F.avg_pool1d(window_votes(q, k, v), kernel_size=5, padding=2, stride=1)
+
+
+def pyramid_votes(q, k, v):
+    """PyramidKV's votes, summed in float32 and returned as a half tensor."""
+    window = q[..., -8:, :]
+    probs = torch.softmax((window @ k.transpose(-2, -1)).float() / math.sqrt(q.shape[-1]), dim=-1)
+    return probs.sum(dim=-2).to(q.dtype)
 
 
 def pyramid_pooled(q, k, v):
-    """PyramidKV: the votes max-pooled (the positions unused), as a half tensor."""
-    window = q[..., -8:, :]
-    probs = torch.softmax((window @ k.transpose(-2, -1)).float() / math.sqrt(q.shape[-1]), dim=-1)
-    return F.max_pool1d(probs.sum(dim=-2).to(q.dtype), kernel_size=7, padding=3, stride=1)
+    """PyramidKV: the votes max-pooled (the positions unused)."""
+    return F.max_pool1d(pyramid_votes(q, k, v), kernel_size=7, padding=3, stride=1)
 
 
 def pooled_keys(q, k, v):
@@ -197,14 +208,50 @@ def test_padding_and_pooling_lower_and_fuse(fn, dtype):
     assert not [n for n in program.plan.captured.nodes if n.op == "opaque"]
 
 
-@pytest.mark.parametrize("fn,op", [(snapkv_smoothed, "avg_pool"), (pyramid_pooled, "max_pool")])
-def test_pooling_of_statistics_stays_eager_with_a_note(fn, op):
-    """Pooled column statistics: shifted slices would recompute the statistics once per offset, so the pooling
-    stays an eager op, named in the note with the user's line, and the answer is eager's."""
-    args = qkv(s=40)
+def _reductions(fn, args) -> int:
+    """How many reductions the loop form of fn(*args) computes."""
+    g = decompose(capture(fn, list(args)))
+    return sum(n.op == "reduce" for n in to_loops(g)[0].nodes)
+
+
+def column_votes(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1), dim=-1).sum(dim=-2)
+
+
+def strided_votes(q, k, v):
+    """Column sums pooled two at a time without the padding in the count, and max-pooled with a dilation."""
+    col = column_votes(q, k, v)
+    return (F.avg_pool1d(col, kernel_size=4, stride=2, padding=1, count_include_pad=False),
+            F.max_pool1d(col, kernel_size=3, stride=1, padding=1, dilation=2))
+
+
+@pytest.mark.parametrize("fn,votes,kernel", [(snapkv_smoothed, window_votes, 5), (pyramid_pooled, pyramid_votes, 7),
+                                             (strided_votes, column_votes, 7)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_pooling_of_statistics_reads_them_stored(fn, votes, kernel, dtype):
+    """Pooled column statistics fuse: a kernel stores the statistics once and the pooling reads them back at each
+    offset (`at` nodes, 0 past the ends), so pooling adds no reduction to the program's own (shifted slices would
+    compute the statistics again at every offset). No note, and eager's answer."""
+    args = tuple(a.to(dtype) for a in qkv(s=40))
     out, program, notes = run(fn, *args)
     assert_same(out, fn(*args))
-    assert program.launches and any(op in n and f"F.{op}1d(" in n for n in notes), notes
+    assert program.launches and not notes, notes
+    assert not [n for n in program.plan.captured.nodes if n.op == "opaque"]
+    assert sum(n.op == "at" for n in to_loops(decompose(capture(fn, list(args))))[0].nodes) == kernel
+    assert _reductions(fn, args) == _reductions(votes, args)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("fn", [snapkv_smoothed, pyramid_pooled, strided_votes])
+@pytest.mark.parametrize("s", [3, 7, 40])
+def test_pooled_statistics_loop_form_matches_eager(fn, s):
+    """The loop form's evaluator reads a stored value at an `at` node's index map, 0 past its ends (where the
+    padding's where picks the pad instead), at lengths shorter than the pooling window too."""
+    args = qkv(s=s)
+    loops, consts = to_loops(decompose(capture(fn, list(args))))
+    assert any(n.op == "at" for n in loops.nodes)
+    for got, ref in zip(evaluate_loops(loops, list(args) + consts), pytree.tree_leaves(fn(*args))):
+        assert_close(got, ref)
 
 
 def test_unbind_of_packed_qkv_lowers_and_fuses():

@@ -18,9 +18,7 @@ DTYPES = ("fp32", "fp16", "bf16")
 FAILS: dict[tuple[str, str], str] = {}
 
 # what does not run wholly in kernels today (the notes say why); every other program must stay fused
-NOT_FUSED = {
-    "snapkv_window": "partial: F.avg_pool1d of column statistics stays an eager op (frontend/pooling.py)",
-}
+NOT_FUSED: dict[str, str] = {}
 
 
 def _params():

@@ -13,7 +13,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from ..analysis.facts import IDENTITY, exact_sum
-from ..ir.loops import Affine, LNode, LOutput, Var, outside, read_input
+from ..ir.loops import Affine, LNode, LOutput, Var, read_input
 from ..ir.sizes import source, times
 from ..schedule.schedule import Factor, ScheduleError
 from . import check, forms
@@ -131,14 +131,8 @@ class Emitter(Tiles):
         raise ScheduleError(f"no Triton lowering for op '{op}'", where=n.origin)
 
     def load_mask(self, n: LNode, tv: list[Var]) -> Optional[str]:
-        """The tile's bounds test, and where an index can leave its input's range (a cat's piece read at the
-        joined axis' index minus its offset), the test that it does not: those elements load 0."""
-        conds = [self.range_mask(tv)]
-        for e, size in zip(n.attrs["index"], self.inputs[n.attrs["input"]][0]):
-            below, past = outside(e, size)
-            conds += [f"({self.affine(e, tv)} >= 0)" if below else None,
-                      f"({self.affine(e, tv)} < {size})" if past else None]
-        return " & ".join(c for c in conds if c) or None
+        """The mask of an input's load: a cat's piece is read at the joined axis' index minus its offset."""
+        return self.index_mask(tv, zip(n.attrs["index"], self.inputs[n.attrs["input"]][0]))
 
     def full(self, e: str, xs: Sequence[object], tv: list[Var], ctx: Body) -> str:
         """`e`, computed from the values xs, as a tile over all of tv: constants in place of values that

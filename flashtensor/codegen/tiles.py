@@ -13,7 +13,7 @@ from typing import Any, Iterable, Optional, Sequence
 import torch
 
 from ..analysis import precision
-from ..ir.loops import Affine, LNode, Var
+from ..ir.loops import Affine, LNode, Var, outside, stored
 from ..ir.sizes import Size, hint, pow2_bucket, python, source, symbolic, times, value
 from ..options import TileConfig
 from ..schedule.schedule import Schedule, ScheduleError, contraction, factorize
@@ -141,6 +141,16 @@ class Tiles(abc.ABC):
         conds = [f"({self.idx(v, tv)} < {source(v.extent)})" for v in tv if self.partial(v)]
         return " & ".join(conds) if conds else None
 
+    def index_mask(self, tv: list[Var], index: Iterable[tuple[Affine, Size]]) -> Optional[str]:
+        """The tile's bounds test, and where an index of a load can leave its range [0, size), the test that it
+        does not: those elements load 0."""
+        conds = [self.range_mask(tv)]
+        for e, size in index:
+            below, past = outside(e, size)
+            conds += [f"({self.affine(e, tv)} >= 0)" if below else None,
+                      f"({self.affine(e, tv)} < {source(size)})" if past else None]
+        return " & ".join(c for c in conds if c) or None
+
     def buffer(self, key: Any, shape: Sequence[Size], dtype: torch.dtype, kind: str, written: bool = False) -> str:
         if key not in self.bufs:
             self.bufs[key] = Buffer(f"{kind[:3]}{len(self.bufs)}", tuple(shape), dtype, kind, key)
@@ -148,11 +158,14 @@ class Tiles(abc.ABC):
         return self.bufs[key].name
 
     def load_intermediate(self, n: LNode, out: str, lines: list[str]) -> str:
-        """Load an earlier kernel's value of n over this tile."""
+        """Load an earlier kernel's value of n over this tile; an `at` node's stored value at its index map,
+        0 where the index leaves the stored range."""
         tv = self.tvars(n)
-        buf, strides = self.intermediate(n, written=False)
-        off = self.offset(((Affine.of(v), st) for v, st in strides.items()), tv)
-        mask = self.range_mask(tv)
+        index = dict(n.attrs["map"]) if n.op == "at" else {}
+        buf, strides = self.intermediate(stored(n), written=False)
+        at = [(index.get(v, Affine.of(v)), st) for v, st in strides.items()]
+        off = self.offset(at, tv)
+        mask = self.index_mask(tv, ((e, v.extent) for v, e in index.items()))
         lines.append(f"{out} = tl.load({buf} + {off}" + (f", mask={mask}, other=0)" if mask else ")"))
         return out
 

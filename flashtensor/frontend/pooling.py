@@ -4,8 +4,8 @@ SnapKV smooths its column scores with `avg_pool1d` and PyramidKV with `max_pool1
 value is a sum (or max) of the padded input read at kernel-size shifted offsets, so the rules build it from
 ops the loop form already has: padding is a cat of constant blocks around the input, each kernel offset a
 strided slice of it. The loop form re-derives a sliced value at each offset, which is free for elementwise
-values but would compute a reduction once per offset: pooling of a value that reads a reduction (column
-statistics) stays an eager op until a stored reduction can be read at shifted offsets.
+values but would compute a reduction once per offset: an input that reads a reduction (column statistics) is
+marked `stored`, so a kernel computes it once and the pooling reads it back at each offset.
 """
 from __future__ import annotations
 
@@ -75,9 +75,12 @@ def _windows(b: Builder, x: Node, kernel: list[int], stride: list[int], dilation
 _PER_ELEMENT = {Group.SOURCE, Group.LAYOUT, Group.UNARY, Group.BINARY, Group.SELECT}
 
 
-def _reads_reduction(x: Node) -> bool:
-    """Whether x depends on a reduction, a contraction or a composite op."""
-    return any(GROUP[n.op] not in _PER_ELEMENT for n in topo_order([x]))
+def _shared(b: Builder, x: Node, src: str) -> Node:
+    """x, marked `stored` where it depends on a reduction, a contraction or a composite op: each window reads it
+    at its own offset, and a value stored once is cheaper to read k times than to compute k times."""
+    if all(GROUP[n.op] in _PER_ELEMENT for n in topo_order([x])):
+        return x
+    return b.add("stored", (x,), x.shape, x.dtype, src)
 
 
 def _padded(b: Builder, x: Node, padding: list[int], value: float, src: str) -> Optional[Node]:
@@ -90,12 +93,13 @@ def _padded(b: Builder, x: Node, padding: list[int], value: float, src: str) -> 
 def avg_pool(b: Builder, a: list, kw: dict, s: tuple, d: torch.dtype, src: str) -> Optional[Node]:
     """avg_pool2d (also F.avg_pool1d, which calls it on an unsqueezed input): the sum of the windows over the
     divisor, accumulated in float32 for half inputs and rounded once, as eager's kernels do. ceil_mode, whose
-    last window runs past the input, and pooling of a reduction stay eager ops."""
+    last window runs past the input, stays an eager op."""
     x, kernel = a[0], _each(a[1], 2)
     stride = _each(_arg(a, kw, 2, "stride", []) or kernel, 2)
     padding = _each(_arg(a, kw, 3, "padding", 0), 2)
-    if _arg(a, kw, 4, "ceil_mode", False) or not d.is_floating_point or _reads_reduction(x):
+    if _arg(a, kw, 4, "ceil_mode", False) or not d.is_floating_point:
         return None
+    x = _shared(b, x, src)
     wide = _WIDE.get(d, d)
     xw = x if x.dtype == wide else b.add("cast", (x,), x.shape, wide, src)
     xp = _padded(b, xw, padding, 0.0, src)
@@ -128,14 +132,14 @@ def _counts(b: Builder, x: Node, kernel: list[int], stride: list[int], padding: 
 
 def max_pool(b: Builder, a: list, kw: dict, s: tuple, d: torch.dtype, src: str) -> Optional[Node]:
     """The values of max_pool2d_with_indices (also F.max_pool1d): the maximum over the windows of the input
-    padded with -inf (NaN propagates, as in eager). ceil_mode and pooling of a reduction stay eager ops."""
+    padded with -inf (NaN propagates, as in eager). ceil_mode stays an eager op."""
     x, kernel = a[0], _each(a[1], 2)
     stride = _each(_arg(a, kw, 2, "stride", []) or kernel, 2)
     padding = _each(_arg(a, kw, 3, "padding", 0), 2)
     dilation = _each(_arg(a, kw, 4, "dilation", 1), 2)
-    if _arg(a, kw, 5, "ceil_mode", False) or not d.is_floating_point or _reads_reduction(x):
+    if _arg(a, kw, 5, "ceil_mode", False) or not d.is_floating_point:
         return None
-    xp = _padded(b, x, padding, -math.inf, src)
+    xp = _padded(b, _shared(b, x, src), padding, -math.inf, src)
     if xp is None:
         return None
     best: Optional[Node] = None

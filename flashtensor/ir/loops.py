@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -194,6 +194,18 @@ def var_union(*groups: Sequence[Var]) -> tuple[Var, ...]:
     return tuple(seen[k] for k in sorted(seen))
 
 
+def node_vars(op: str, args: tuple, attrs: dict) -> tuple[Var, ...]:
+    """The variables a computed node depends on: its operands', less the one a reduction removes; an `at` node's
+    are its stored value's, with those its index map replaces swapped for the map's."""
+    vs = var_union(*(a.vars for a in args if isinstance(a, LNode)))
+    if op == "reduce":
+        return tuple(v for v in vs if v is not attrs["var"])
+    if op == "at":
+        index = dict(attrs["map"])
+        return var_union([v for v in vs if v not in index], *(e.vars for e in index.values()))
+    return vs
+
+
 # the attr of a node that every plan rounds to its half type (analysis/precision.py marks it); rewrites rebuild a
 # node with its attrs, so the mark stays with the value
 ROUNDS = "rounds"
@@ -209,6 +221,8 @@ def format_node(n: LNode) -> str:
         body = f"scalar({n.attrs['value']!r})"
     elif n.op == "reduce":
         body = f"{n.attrs['kind']}_{n.attrs['var']}({n.args[0]!r})"
+    elif n.op == "at":
+        body = f"at({n.args[0]!r}[" + ", ".join(f"{v} := {e}" for v, e in n.attrs["map"]) + "])"
     else:
         body = f"{n.op}(" + ", ".join(repr(a) for a in n.args) + ")"
     return f"%{n.name}: {dt}[{', '.join(map(repr, n.vars))}] = {body}" + ("  # rounded" if n.attrs.get(ROUNDS) else "")
@@ -261,7 +275,7 @@ def _index_grid(expr: Affine, vars_: tuple[Var, ...], device) -> torch.Tensor:
     return out
 
 
-def outside(e: Affine, size: int) -> tuple[bool, bool]:
+def outside(e: Affine, size: Any) -> tuple[bool, bool]:
     """Whether index e, over its variables' ranges, can fall below 0 and whether it can reach `size`: a piece
     of a cat read at the joined axis' index minus its offset (those reads load 0, and the cat's where does
     not pick them)."""
@@ -283,6 +297,8 @@ def _eval_node(n: LNode, vals, args, device) -> torch.Tensor:
         return t.expand([v.extent for v in n.vars]).to(cd)
     if n.op == "iota":
         return _index_grid(n.attrs["expr"], n.vars, device).expand([v.extent for v in n.vars]).to(cd)
+    if n.op == "at":
+        return _at(n, vals[n.args[0]], device).to(cd)
     if n.op == "scalar":
         return torch.tensor(n.attrs["value"], dtype=cd, device=device)
     if n.op == "reduce":
@@ -313,6 +329,37 @@ def _eval_node(n: LNode, vals, args, device) -> torch.Tensor:
     if n.op in ("maximum", "minimum"):
         b = b if isinstance(b, torch.Tensor) else torch.tensor(b, dtype=a.dtype, device=device)
     return BINARY[n.op](a, b).to(cd)
+
+
+def _at(n: LNode, src: torch.Tensor, device) -> torch.Tensor:
+    """A stored value (dims: its node's variables) read at n's index map; 0 where the index leaves its range."""
+    base = n.args[0]
+    index = dict(n.attrs["map"])
+    if not base.vars:
+        return src.reshape(()).expand([v.extent for v in n.vars])
+    src = src.expand([v.extent for v in base.vars])
+    idx = [_index_grid(index.get(v, Affine.of(v)), n.vars, device) for v in base.vars]
+    t = src[tuple(i.clamp(0, max(v.extent - 1, 0)) for i, v in zip(idx, base.vars))]
+    for i, v in zip(idx, base.vars):
+        if v in index:
+            t = torch.where((i >= 0) & (i < v.extent), t, torch.zeros((), dtype=t.dtype, device=device))
+    return t.expand([v.extent for v in n.vars])
+
+
+def reindexed(n: LNode, base: LNode, sub: dict[Var, Affine],
+              expr: Optional[Callable[[Affine], Affine]] = None) -> tuple[tuple[Var, Affine], ...]:
+    """The index map of `at` node n, reading `base`, once `sub` replaces variables of its reader: in the map's
+    expressions (by `expr`, else Affine.substitute), and for a variable of base that the read takes from its reader
+    unchanged, as an entry of its own; identities left out."""
+    index = {v: (expr or (lambda e: e.substitute(sub)))(e) for v, e in n.attrs["map"]}
+    index.update({v: sub[v] for v in base.vars if v not in index and v in sub})
+    return tuple(sorted(((v, e) for v, e in index.items() if e != Affine.of(v)), key=lambda x: x[0].id))
+
+
+def stored(n: LNode) -> LNode:
+    """The value whose buffer a kernel reads for a value it loads from an earlier kernel: an `at` node's stored
+    value, or the value itself."""
+    return n.args[0] if n.op == "at" else n
 
 
 def exact_cast(n: LNode) -> bool:

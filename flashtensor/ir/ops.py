@@ -32,6 +32,9 @@ class Op(enum.StrEnum):
     SELECT = "select"
     SLICE = "slice"
     CAT = "cat"
+    # a value read at several shifted offsets (pooling of column statistics): computed once by a kernel and
+    # stored, each read loads it (the loop form's `at`) instead of computing it again at its offset
+    STORED = "stored"
     # elementwise
     NEG = "neg"
     EXP = "exp"
@@ -86,6 +89,7 @@ class Op(enum.StrEnum):
     LOAD = "load"
     SCALAR = "scalar"
     REDUCE_AXES = "reduce_axes"
+    AT = "at"            # a stored value read at an affine index (zero outside its range)
     # an ATen call the IR does not model: runs in eager PyTorch
     OPAQUE = "opaque"
 
@@ -175,7 +179,8 @@ ELEMENTWISE: dict[Op, Elementwise] = {**UNARY_OPS, **BINARY_OPS}
 
 GROUP: dict[Op, Group] = {
     **{op: Group.SOURCE for op in (Op.INPUT, Op.CONST, Op.FULL, Op.IOTA)},
-    **{op: Group.LAYOUT for op in (Op.PERMUTE, Op.RESHAPE, Op.EXPAND, Op.SELECT, Op.SLICE, Op.CAT)},
+    **{op: Group.LAYOUT for op in (Op.PERMUTE, Op.RESHAPE, Op.EXPAND, Op.SELECT, Op.SLICE, Op.CAT,
+                                       Op.STORED)},
     **{op: Group.UNARY for op in UNARY_OPS},
     **{op: Group.BINARY for op in BINARY_OPS},
     Op.CAST: Group.SELECT, Op.WHERE: Group.SELECT,
@@ -183,7 +188,7 @@ GROUP: dict[Op, Group] = {
     **{op: Group.COMPOSITE for op in (Op.SOFTMAX, Op.LOG_SOFTMAX, Op.MEAN, Op.NORM, Op.CLAMP, Op.MASKED_FILL,
                                       Op.TRIU, Op.TRIL, Op.ADDMM, Op.LINEAR, Op.ELU, Op.LOG_SIGMOID,
                                       Op.NAN_TO_NUM)},
-    **{op: Group.LOOP for op in (Op.LOAD, Op.SCALAR, Op.REDUCE_AXES)},
+    **{op: Group.LOOP for op in (Op.LOAD, Op.SCALAR, Op.REDUCE_AXES, Op.AT)},
     Op.OPAQUE: Group.EAGER,
 }
 UNARY: dict[Op, Callable] = {op: e.torch for op, e in ELEMENTWISE.items() if GROUP[op] is Group.UNARY}
@@ -288,6 +293,7 @@ EVAL: dict[Op, Callable] = {
     Op.SELECT: lambda n, x: x.select(n.attrs["dim"], n.attrs["index"]),
     Op.SLICE: _slice,
     Op.CAT: lambda n, *xs: torch.cat(xs, n.attrs["dim"]),
+    Op.STORED: lambda n, x: x,
     Op.CONST: lambda n: n.attrs["value"],
     Op.FULL: lambda n: torch.full(n.shape, n.attrs["value"], dtype=n.dtype, device=n.attrs["device"]),
     Op.IOTA: _iota,

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from ..ir.loops import LNode, LoopGraph, Var, loop_topo
+from ..ir.loops import LNode, LoopGraph, Var, loop_topo, stored
 from ..ir.reasons import NoPlanError
 from ..ir.sizes import hint, length, longer
 
@@ -64,7 +64,11 @@ def _cuts(roots: list[LNode], parallel: set[Var], produced: set[LNode],
         seen.add((id(n), over))
         over = n.attrs["var"] if _is_sum(n) else None if n.op == "reduce" else over
         for a in n.inputs:
-            if a in produced and a not in roots:
+            if a.op == "at":      # a stored value read at an index map: a kernel of its own computes it
+                if a.args[0] not in cuts:
+                    cuts.append(a.args[0])
+                loads.add(a)
+            elif a in produced and a not in roots:
                 loads.add(a)
             elif a.op == "reduce" and a not in roots and (
                     (a.attrs["var"] in parallel and longer(a.attrs["var"].extent, whole)) or
@@ -134,8 +138,9 @@ def partition(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]], relat
                 trial = KernelPlan(k + gr)
                 cuts, trial.loads = _cuts(trial.roots, trial.parallel, produced, whole, nested, invariant)
                 # a merge that makes a value a cut which no kernel produces (a sum over a head group whose
-                # variable the merged kernel carries) is not a kernel
-                if set(cuts) <= produced and accept(trial) is None:
+                # variable the merged kernel carries) is not a kernel, nor one that reads back what it stores
+                if set(cuts) <= produced and not {stored(a) for a in trial.loads} & set(trial.roots) and \
+                        accept(trial) is None:
                     k.extend(gr)
                     break
         else:
@@ -160,7 +165,7 @@ def _order(plans: list[KernelPlan]) -> Optional[list[KernelPlan]]:
     done: set[LNode] = set()
     pending = list(plans)
     while pending:
-        ready = next((p for p in pending if p.loads <= done), None)
+        ready = next((p for p in pending if {stored(a) for a in p.loads} <= done), None)
         if ready is None:
             return None
         out.append(ready)

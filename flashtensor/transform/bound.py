@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..ir.loops import Affine, LNode, LoopGraph, NodeTable, Var, loop_topo, rebuilt, var_union
+from ..ir.loops import Affine, LNode, LoopGraph, NodeTable, Var, loop_topo, node_vars, rebuilt, reindexed, var_union
 
 
 def share_reductions(g: LoopGraph, through_half: bool) -> LoopGraph:
@@ -40,10 +40,7 @@ def share_reductions(g: LoopGraph, through_half: bool) -> LoopGraph:
 
 
 def _node(table: NodeTable, op: str, args: tuple, dtype, attrs: dict) -> LNode:
-    vs = var_union(*(a.vars for a in args if isinstance(a, LNode)))
-    if op == "reduce":
-        vs = tuple(v for v in vs if v is not attrs["var"])
-    return table.get(op, args, dtype, vs, attrs)
+    return table.get(op, args, dtype, node_vars(op, args, attrs), attrs)
 
 
 def _renamed(r: LNode, table: NodeTable, computed: set[int], loads: list[LNode]) -> Optional[LNode]:
@@ -92,6 +89,9 @@ def _substituted(x: LNode, u: Var, v: Var, table: NodeTable, memo: dict[int, LNo
         elif x.op == "iota":
             attrs["expr"] = x.attrs["expr"].substitute(sub)
             memo[id(x)] = table.get(x.op, x.args, x.dtype, var_union(attrs["expr"].vars), attrs)
+        elif x.op == "at":      # the stored value stays; its read takes v where it took u
+            attrs["map"] = reindexed(x, x.args[0], sub)
+            memo[id(x)] = _node(table, x.op, x.args, x.dtype, attrs)
         else:
             args = tuple(_substituted(a, u, v, table, memo) if isinstance(a, LNode) else a for a in x.args)
             memo[id(x)] = _node(table, x.op, args, x.dtype, attrs)

@@ -24,7 +24,7 @@ import math
 import torch
 
 from ..analysis.precision import kept
-from ..ir.loops import LNode, LoopGraph, NodeTable, rebuilt, stamp, var_union
+from ..ir.loops import LNode, LoopGraph, NodeTable, node_vars, rebuilt, stamp
 
 LOG2E = 1.0 / math.log(2.0)
 # the largest constant a fold may create: half float32's range, so the scaled scores it meets in a sum stay finite
@@ -49,10 +49,7 @@ class _Folder:
         self.table = NodeTable()
 
     def node(self, op: str, args: tuple, dtype: torch.dtype, **attrs) -> LNode:
-        vs = var_union(*(a.vars for a in args if isinstance(a, LNode)))
-        if op == "reduce":
-            vs = tuple(v for v in vs if v is not attrs["var"])
-        return self.table.get(op, args, dtype, vs, attrs)
+        return self.table.get(op, args, dtype, node_vars(op, args, attrs), attrs)
 
     def opaque_to_scaling(self, n: LNode) -> bool:
         return _opaque(n, self.through_half)

@@ -17,7 +17,19 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..ir.graph import Graph, Node
-from ..ir.loops import Affine, LNode, LoopGraph, LOutput, NodeTable, Var, loop_topo, stamp, var_union
+from ..ir.loops import (
+    Affine,
+    LNode,
+    LoopGraph,
+    LOutput,
+    NodeTable,
+    Var,
+    loop_topo,
+    node_vars,
+    reindexed,
+    stamp,
+    var_union,
+)
 from ..ir.ops import BINARY, UNARY, Op
 from ..ir.reasons import NoPlanError, place
 from ..ir.sizes import broadcast_free, guarded_same, same, simpler, symbolic
@@ -334,6 +346,12 @@ class _Lowerer:
             axes[d] = new_axis
         return _LV(node, axes)
 
+    def stored(self, n: Node, a: list) -> _LV:
+        """stored: the value itself, read through an `at` node whose index map the slices and cats around it fill
+        in (Rebuilder), so the value is computed once, not re-derived at each offset."""
+        x = a[0]
+        return _LV(LNode(Op.AT, (x.node,), n.dtype, x.node.vars, {"map": ()}), x.axes)
+
     def cat(self, n: Node, a: list) -> _LV:
         """cat: a fresh variable w over the joined axis; each piece is re-derived at w minus its offset (its
         reads past its own range load 0) and picked by where over w's index."""
@@ -342,9 +360,13 @@ class _Lowerer:
         axes: list[list[Var]] = []
         for k in range(len(n.shape)):
             cands = [x.axes[k] for x in a if x.axes[k]] if k != d else []
-            for c in cands[1:]:
-                self.s.unify(cands[0], c, n)
-            axes.append(list(cands[0]) if cands else [])
+            # the oldest variable stays (unify keeps its second operand's): padding's constant blocks take the
+            # padded value's variables, whose order lays out the buffers of the values over them
+            oldest: list[Var] = min(cands, key=lambda c: min(v.id for v in self.s.axis_atoms(c)), default=[])
+            for c in cands:
+                if c is not oldest:
+                    self.s.unify(c, oldest, n)
+            axes.append(list(oldest))
         w = Var(n.shape[d])
         axes[d] = [w]
         picks, start = [], 0
@@ -369,7 +391,7 @@ _LOWER: dict[Op, Callable[[_Lowerer, Node, list], _LV]] = {
     **{op: _Lowerer.elementwise for op in BINARY}, Op.WHERE: _Lowerer.elementwise,
     Op.REDUCE: _Lowerer.reduce, Op.MATMUL: _Lowerer.matmul,
     Op.PERMUTE: _Lowerer.permute, Op.RESHAPE: _Lowerer.reshape, Op.EXPAND: _Lowerer.expand,
-    Op.SELECT: _Lowerer.index, Op.SLICE: _Lowerer.index, Op.CAT: _Lowerer.cat,
+    Op.SELECT: _Lowerer.index, Op.SLICE: _Lowerer.index, Op.CAT: _Lowerer.cat, Op.STORED: _Lowerer.stored,
 }
 
 
@@ -410,6 +432,8 @@ class Rebuilder:
                 attrs["expr"] = self.affine(n.attrs["expr"], sub)
                 vs = attrs["expr"].vars
             out = self.table.get(n.op, (), n.dtype, var_union(vs), attrs)
+        elif n.op == "at":
+            out = self.at(n, sub)
         elif n.op in ("reduce_axes", "reduce"):
             bound = [a for ax in n.attrs.get("axes", [n.attrs.get("var")]) for a in self.s.atoms(ax)]
             renamed = {v: sub[v].vars[0] for v in bound if self.rename_bound and v in sub}
@@ -423,6 +447,15 @@ class Rebuilder:
         stamp(out, n.origin)
         self.memo[key] = out
         return out
+
+    def at(self, n: LNode, sub: dict[Var, Affine]) -> LNode:
+        """A stored value read at an index map: its own value is rebuilt as it stands (a kernel computes it once),
+        the substitution goes into the map, over the variables the read takes from its reader."""
+        base = self.rebuild(n.args[0], {})
+        if any(self.s.atoms(v) != [v] for v, _ in n.attrs["map"]):
+            raise LoweringError(None, "a value read at shifted offsets along an axis that a reshape splits")
+        attrs = {"map": reindexed(n, base, sub, lambda e: self.affine(e, sub))}
+        return self.table.get("at", (base,), n.dtype, node_vars("at", (base,), attrs), attrs)
 
     def reduce(self, kind: str, x: LNode, v: Var, dtype: torch.dtype) -> LNode:
         if v not in x.vars:

@@ -10,7 +10,7 @@ dimension, sum_h sum_e y[n, h, e] w[o, h, e]) then sums the longer one inside, w
 """
 from __future__ import annotations
 
-from ..ir.loops import LNode, LoopGraph, NodeTable, Var, rebuilt, var_union
+from ..ir.loops import LNode, LoopGraph, NodeTable, Var, node_vars, rebuilt
 
 
 def _scaled_sum(x: object) -> tuple[LNode, list[tuple[str, float]]] | None:
@@ -37,10 +37,7 @@ def commute_sums(g: LoopGraph, through_half: bool) -> LoopGraph:
     new: dict[int, LNode] = {}
 
     def node(op: str, args: tuple, dtype, **attrs) -> LNode:
-        vs = var_union(*(a.vars for a in args if isinstance(a, LNode)))
-        if op == "reduce":
-            vs = tuple(v for v in vs if v is not attrs["var"])
-        return table.get(op, args, dtype, vs, attrs)
+        return table.get(op, args, dtype, node_vars(op, args, attrs), attrs)
 
     def swapped(var, x: LNode, dtype) -> LNode | None:
         """sum over var of x moved inside every (scaled) sum over a shorter variable that x is; None if x is none."""
