@@ -7,7 +7,8 @@ regroup variables: a reshape that merges axes keeps their variables
 expand adds a variable the value does not depend on. select and slice
 substitute an affine expression for a variable and re-derive the producer
 under it, so layout ops never survive into the core graph: inputs are read
-through affine index maps.
+through affine index maps. A `stored` value (pooled statistics) is not
+re-derived: it is read through an `at` node, at an index map the same way.
 """
 from __future__ import annotations
 
