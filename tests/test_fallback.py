@@ -86,7 +86,7 @@ def test_nothing_fused_calls_the_users_function_with_the_calls_arguments(evaluat
 
 def attention_then_running_total(q, k, v):
     o = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1) @ v
-    c = torch.cumsum(o, dim=-1)                   # no lowering: it and the rest run in eager
+    c = torch.logcumsumexp(o, dim=-1)             # no lowering: it and the rest run in eager
     return torch.softmax(c * 0.5, dim=-1) + F.normalize(c, dim=-1)
 
 
@@ -102,13 +102,13 @@ def test_remainder_is_evaluated_on_the_cpu(evaluated):
 
 def attention_then_column_running_total(q, k, v):
     p = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1)
-    return p @ v, torch.cumsum(p.sum(dim=-2), dim=-1)     # one opaque call between views
+    return p @ v, torch.logcumsumexp(p.sum(dim=-2), dim=-1)     # one opaque call between views
 
 
 def attention_then_pooled_running_total(q, k, v):
     p = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1)
     col = p.sum(dim=-2)
-    return p @ v, F.avg_pool1d(col, kernel_size=3, padding=1, stride=1) + col.cumsum(dim=-1)
+    return p @ v, F.avg_pool1d(col, kernel_size=3, padding=1, stride=1) + col.logcumsumexp(dim=-1)
 
 
 @pytest.mark.parametrize("fn", [attention_then_running_total, attention_then_pooled_running_total])
@@ -165,8 +165,8 @@ def test_remainder_falls_back_to_the_evaluator_where_torch_compile_fails(evaluat
 
 # ---- a score-sized value handed to eager: the whole program as written ---------------------------
 
-def scores_through_cumsum(q, k, v):
-    s = torch.cumsum(q @ k.transpose(-1, -2), dim=-1)     # no lowering, reads the S x S scores
+def scores_through_logcumsumexp(q, k, v):
+    s = torch.logcumsumexp(q @ k.transpose(-1, -2), dim=-1)     # no lowering, reads the S x S scores
     return torch.softmax(s, dim=-1) @ v
 
 
@@ -176,18 +176,18 @@ def test_handing_eager_a_score_sized_value_runs_the_whole_program(evaluated):
 
     def fn(q, k, v):
         seen.append(q)
-        return scores_through_cumsum(q, k, v)
+        return scores_through_logcumsumexp(q, k, v)
 
     q, k, v = qkv(2, 64, 16)
     compiled = ft.compile(fn, cache=False)
-    assert_close(quiet(compiled, q, k, v), scores_through_cumsum(q, k, v))
+    assert_close(quiet(compiled, q, k, v), scores_through_logcumsumexp(q, k, v))
     prog = program(compiled)
     assert any(t is q for t in seen) and evaluated == [] and prog.plan.eager and not prog.launches
-    where = line_of(scores_through_cumsum, "torch.cumsum(")
+    where = line_of(scores_through_logcumsumexp, "torch.logcumsumexp(")
     (opaque,) = [n for n in prog.plan.captured.nodes if n.op == "opaque"]
     (matmul,) = [n for n in prog.plan.decomposed.nodes if n.op == "matmul" and n.shape == (2, 64, 64)]
     assert prog.notes == [
-        f"no lowering for aten.cumsum.default at {opaque.source}; it and what depends on it run in eager "
+        f"no lowering for aten.logcumsumexp.default at {opaque.source}; it and what depends on it run in eager "
         "PyTorch",
         f"no fused plan: the kernels would hand eager PyTorch a [2, 64, 64] intermediate (matmul at "
         f"{matmul.source}), larger than every input and output; the whole program runs in eager PyTorch"], prog.notes
@@ -195,10 +195,10 @@ def test_handing_eager_a_score_sized_value_runs_the_whole_program(evaluated):
 
 
 def test_a_thin_value_handed_to_eager_still_fuses():
-    """Column sums (H x S) handed to cumsum are no larger than the inputs: the attention stays fused."""
+    """Column sums (H x S) handed to logcumsumexp are no larger than the inputs: the attention stays fused."""
     def fn(q, k, v):
         p = torch.softmax(q @ k.transpose(-1, -2), dim=-1)
-        return p @ v, torch.cumsum(p.sum(dim=-2), dim=-1)
+        return p @ v, torch.logcumsumexp(p.sum(dim=-2), dim=-1)
 
     q, k, v = qkv(2, 64, 16)
     compiled = ft.compile(fn, cache=False)

@@ -176,7 +176,7 @@ def test_all_is_not_any_of_not_and_matches_eager(fn, fused):
 # ---- fallback ------------------------------------------------------------------------------------
 
 def running_total(x, w):
-    y = torch.cumsum(x, dim=-1)  # no IR op: falls back to eager
+    y = torch.logcumsumexp(x, dim=-1)  # no IR op: falls back to eager
     return torch.softmax(y * w, dim=-1)
 
 
@@ -194,7 +194,7 @@ def fallback_messages(fn, *args) -> list[str]:
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("fn, op", [(running_total, "cumsum"), (sorted_scaled, "sort")])
+@pytest.mark.parametrize("fn, op", [(running_total, "logcumsumexp"), (sorted_scaled, "sort")])
 def test_unknown_op_falls_back_to_eager_with_a_warning(fn, op):
     args = (torch.randn(5, 12), torch.randn(12))[: fn.__code__.co_argcount]
     messages = fallback_messages(fn, *args)
@@ -206,12 +206,12 @@ def test_unknown_op_falls_back_to_eager_with_a_warning(fn, op):
 def test_fallback_names_user_code_in_a_folder_called_flashtensor(tmp_path):
     folder = tmp_path / "flashtensor"
     folder.mkdir()
-    (folder / "user_code.py").write_text("import torch\n\ndef f(x):\n    return torch.cumsum(x, 0) * 2\n")
+    (folder / "user_code.py").write_text("import torch\n\ndef f(x):\n    return torch.logcumsumexp(x, 0) * 2\n")
     spec = importlib.util.spec_from_file_location("user_code", folder / "user_code.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     messages = fallback_messages(module.f, torch.randn(9))
-    assert any("cumsum" in m and "user_code.py:4" in m for m in messages), messages
+    assert any("logcumsumexp" in m and "user_code.py:4" in m for m in messages), messages
 
 
 # ---- specialisation: one plan per signature ------------------------------------------------------

@@ -338,6 +338,19 @@ def retention(q: Tensor, k: Tensor, v: Tensor, gamma: Tensor) -> Tensor:
     return torch.matmul(qk_mat, v).transpose(1, 2).contiguous()
 
 
+def forgetting_attention(q: Tensor, k: Tensor, v: Tensor, fgate_logit: Tensor) -> Tensor:
+    """The Forgetting Transformer's attention as its reference code writes it: log forget gates
+    `logsigmoid(logit)` in float32, their running total along the sequence, and the score of key j at query i
+    plus the total from j to i (`c[..., :, None] - c[..., None, :]`), by einsum, causal, softmax."""
+    log_fgate = F.logsigmoid(fgate_logit.float())
+    log_lambda = torch.cumsum(log_fgate, dim=-1)
+    decay_bias = log_lambda[:, :, :, None] - log_lambda[:, :, None, :]
+    s = torch.einsum("bhid,bhjd->bhij", q, k).float() * q.shape[-1] ** -0.5 + decay_bias
+    causal = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+    p = torch.softmax(s.masked_fill(~causal, float("-inf")), dim=-1).to(v.dtype)
+    return torch.einsum("bhij,bhjd->bhid", p, v)
+
+
 def nanogpt_causal(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """nanoGPT's CausalSelfAttention (the non-flash path): a bool mask `ones(T, T).triu(1)`, masked_fill
     with -inf, softmax in the input dtype."""
@@ -470,6 +483,8 @@ PROGRAMS: dict[str, Builder] = {
     "attention_entropy": lambda x: (attention_entropy, (*x.qkv(), x.causal_mask(), x.scaling)),
     "retention": lambda x: (retention, (*x.qkv(kv=x.H), 1 - 2.0 ** (-5 - torch.arange(x.H, device=x.device,
                                                                                        dtype=torch.float32)))),
+    "forgetting_attention": lambda x: (forgetting_attention, (*x.qkv(kv=x.H),
+                                                              2 + x.randn(x.B, x.H, x.S, dtype=torch.float32))),
     "nanogpt_causal": lambda x: (nanogpt_causal, x.qkv(kv=x.H)),
     "prefix_lm": lambda x: (prefix_lm, (*x.qkv(), x.S // 4)),
     "linear_elu": lambda x: (linear_elu, tuple(t.transpose(1, 2).contiguous() for t in x.qkv(kv=x.H))),

@@ -4,8 +4,8 @@ SnapKV smooths its column scores with `avg_pool1d` and PyramidKV with `max_pool1
 value is a sum (or max) of the padded input read at kernel-size shifted offsets, so the rules build it from
 ops the loop form already has: padding is a cat of constant blocks around the input, each kernel offset a
 strided slice of it. The loop form re-derives a sliced value at each offset, which is free for elementwise
-values but would compute a reduction once per offset: an input that reads a reduction (column statistics) is
-marked `stored`, so a kernel computes it once and the pooling reads it back at each offset.
+values but would compute a reduction once per offset: the input is marked `stored`, and where it reads a
+reduction (column statistics) a kernel computes it once and the pooling reads it back at each offset.
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 
-from ..ir.graph import Builder, Node, topo_order
-from ..ir.ops import GROUP, Group, scalar
+from ..ir.graph import Builder, Node
+from ..ir.ops import scalar
 
 aten = torch.ops.aten
 
@@ -72,14 +72,9 @@ def _windows(b: Builder, x: Node, kernel: list[int], stride: list[int], dilation
         yield y
 
 
-_PER_ELEMENT = {Group.SOURCE, Group.LAYOUT, Group.UNARY, Group.BINARY, Group.SELECT}
-
-
-def _shared(b: Builder, x: Node, src: str) -> Node:
-    """x, marked `stored` where it depends on a reduction, a contraction or a composite op: each window reads it
-    at its own offset, and a value stored once is cheaper to read k times than to compute k times."""
-    if all(GROUP[n.op] in _PER_ELEMENT for n in topo_order([x])):
-        return x
+def shared(b: Builder, x: Node, src: str) -> Node:
+    """x, marked `stored`: each window reads it at its own offset, and where it reads a reduction (the loop form
+    decides: elsewhere the mark goes), a value stored once is cheaper to read k times than to compute k times."""
     return b.add("stored", (x,), x.shape, x.dtype, src)
 
 
@@ -99,7 +94,7 @@ def avg_pool(b: Builder, a: list, kw: dict, s: tuple, d: torch.dtype, src: str) 
     padding = _each(_arg(a, kw, 3, "padding", 0), 2)
     if _arg(a, kw, 4, "ceil_mode", False) or not d.is_floating_point:
         return None
-    x = _shared(b, x, src)
+    x = shared(b, x, src)
     wide = _WIDE.get(d, d)
     xw = x if x.dtype == wide else b.add("cast", (x,), x.shape, wide, src)
     xp = _padded(b, xw, padding, 0.0, src)
@@ -139,7 +134,7 @@ def max_pool(b: Builder, a: list, kw: dict, s: tuple, d: torch.dtype, src: str) 
     dilation = _each(_arg(a, kw, 4, "dilation", 1), 2)
     if _arg(a, kw, 5, "ceil_mode", False) or not d.is_floating_point:
         return None
-    xp = _padded(b, _shared(b, x, src), padding, -math.inf, src)
+    xp = _padded(b, shared(b, x, src), padding, -math.inf, src)
     if xp is None:
         return None
     best: Optional[Node] = None

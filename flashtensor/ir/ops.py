@@ -70,6 +70,7 @@ class Op(enum.StrEnum):
     WHERE = "where"
     # reductions and contractions
     REDUCE = "reduce"
+    CUMSUM = "cumsum"      # a running total along one axis
     MATMUL = "matmul"
     # composites (rewritten into the ops above by transform.decompose)
     SOFTMAX = "softmax"
@@ -184,7 +185,7 @@ GROUP: dict[Op, Group] = {
     **{op: Group.UNARY for op in UNARY_OPS},
     **{op: Group.BINARY for op in BINARY_OPS},
     Op.CAST: Group.SELECT, Op.WHERE: Group.SELECT,
-    Op.REDUCE: Group.REDUCE, Op.MATMUL: Group.CONTRACT,
+    Op.REDUCE: Group.REDUCE, Op.CUMSUM: Group.REDUCE, Op.MATMUL: Group.CONTRACT,
     **{op: Group.COMPOSITE for op in (Op.SOFTMAX, Op.LOG_SOFTMAX, Op.MEAN, Op.NORM, Op.CLAMP, Op.MASKED_FILL,
                                       Op.TRIU, Op.TRIL, Op.ADDMM, Op.LINEAR, Op.ELU, Op.LOG_SIGMOID,
                                       Op.NAN_TO_NUM)},
@@ -286,6 +287,7 @@ EVAL: dict[Op, Callable] = {
     Op.CAST: lambda n, x: x.to(n.dtype),
     Op.WHERE: lambda n, c, a, b: torch.where(c, a, b),
     Op.REDUCE: _reduce,
+    Op.CUMSUM: lambda n, x: torch.cumsum(x, n.attrs["dim"], dtype=n.dtype),
     Op.MATMUL: lambda n, a, b: torch.matmul(a, b),
     Op.PERMUTE: lambda n, x: x.permute(n.attrs["dims"]),
     Op.RESHAPE: lambda n, x: x.reshape(n.shape),

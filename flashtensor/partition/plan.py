@@ -140,7 +140,8 @@ def partition(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]], relat
                 # a merge that makes a value a cut which no kernel produces (a sum over a head group whose
                 # variable the merged kernel carries) is not a kernel, nor one that reads back what it stores
                 if set(cuts) <= produced and not {stored(a) for a in trial.loads} & set(trial.roots) and \
-                        accept(trial) is None:
+                        accept(trial) is None and _orderable([k + gr if x is k else x for x in kernels], whole,
+                                                             nested, invariant):
                     k.extend(gr)
                     break
         else:
@@ -157,6 +158,17 @@ def partition(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]], relat
     if ordered is None:
         raise PartitionError("kernels would depend on each other in a cycle")
     return ordered
+
+
+def _orderable(kernels: list[list[LNode]], whole: int, nested: bool, invariant: int) -> bool:
+    """Whether kernels of these roots have an order, each loading only the values it cannot recompute: a merge
+    that closes a cycle even so (a stored value's own input merged into the kernel that reads it back) is
+    refused."""
+    plans = [KernelPlan(k) for k in kernels]
+    placed = {r for k in kernels for r in k}
+    for p in plans:     # values of groups not placed yet are no dependency between these kernels
+        p.loads = {a for a in _cuts(p.roots, p.parallel, set(), whole, nested, invariant)[1] if stored(a) in placed}
+    return _order(plans) is not None
 
 
 def _order(plans: list[KernelPlan]) -> Optional[list[KernelPlan]]:

@@ -347,10 +347,32 @@ class _Lowerer:
             axes[d] = new_axis
         return _LV(node, axes)
 
-    def stored(self, n: Node, a: list) -> _LV:
-        """stored: the value itself, read through an `at` node whose index map the slices and cats around it fill
-        in (Rebuilder), so the value is computed once, not re-derived at each offset."""
+    def cumsum(self, n: Node, a: list) -> _LV:
+        """cumsum along axis d (variable i): the sum over a fresh variable t of x re-derived at t, where t <= i
+        (0 elsewhere), in float32 for half values; the value facts then skip the tiles past the diagonal."""
         x = a[0]
+        atoms = self.s.axis_atoms(x.axes[n.attrs["dim"]])
+        if len(atoms) > 1:
+            raise LoweringError(n, "a cumsum along an axis that merges several variables")
+        cd = torch.float32 if n.dtype in (torch.float16, torch.bfloat16) else n.dtype
+        node = x.node if x.node.dtype == cd else _mk("cast", (x.node,), cd)
+        if atoms:
+            i, t = atoms[0], Var(atoms[0].extent)
+            at_t = Rebuilder(self.s).rebuild(node, {i: Affine.of(t)})
+            up_to = _mk("le", tuple(LNode(Op.IOTA, (), torch.int64, (v,), {"expr": Affine.of(v)}) for v in (t, i)),
+                        torch.bool)
+            zero = 0.0 if cd.is_floating_point else 0
+            node = _mk("reduce_axes", (_mk("where", (up_to, at_t, zero), cd),), cd, kind="sum", axes=[t])
+        return _LV(node if cd == n.dtype else _mk("cast", (node,), n.dtype), [list(ax) for ax in x.axes])
+
+    def stored(self, n: Node, a: list) -> _LV:
+        """stored: a value that reads a reduction, read through an `at` node whose index map the slices and cats
+        around it fill in (Rebuilder), so it is computed once, not re-derived at each offset; any other value as
+        it is (re-deriving a value computed per element costs nothing)."""
+        x = a[0]
+        reads = loop_topo([x.node], {m for m in loop_topo([x.node]) if m.op == "at"})
+        if not any(m.op in ("reduce", "reduce_axes") for m in reads):
+            return x
         return _LV(LNode(Op.AT, (x.node,), n.dtype, x.node.vars, {"map": ()}), x.axes)
 
     def cat(self, n: Node, a: list) -> _LV:
@@ -390,7 +412,7 @@ _LOWER: dict[Op, Callable[[_Lowerer, Node, list], _LV]] = {
     Op.INPUT: _Lowerer.input, Op.CONST: _Lowerer.const, Op.FULL: _Lowerer.full, Op.IOTA: _Lowerer.iota,
     **{op: _Lowerer.unary for op in UNARY}, Op.CAST: _Lowerer.unary,
     **{op: _Lowerer.elementwise for op in BINARY}, Op.WHERE: _Lowerer.elementwise,
-    Op.REDUCE: _Lowerer.reduce, Op.MATMUL: _Lowerer.matmul,
+    Op.REDUCE: _Lowerer.reduce, Op.CUMSUM: _Lowerer.cumsum, Op.MATMUL: _Lowerer.matmul,
     Op.PERMUTE: _Lowerer.permute, Op.RESHAPE: _Lowerer.reshape, Op.EXPAND: _Lowerer.expand,
     Op.SELECT: _Lowerer.index, Op.SLICE: _Lowerer.index, Op.CAT: _Lowerer.cat, Op.STORED: _Lowerer.stored,
 }
@@ -478,6 +500,8 @@ def to_loops(g: Graph) -> tuple[LoopGraph, list[torch.Tensor]]:
     for o in g.outputs:
         lv = low.vals[o]
         node = rb.rebuild(lv.node, {})
+        if node.op == "at" and not node.attrs["map"]:      # a stored value returned as it is: its kernel stores it
+            node = node.args[0]
         dims = [low.s.axis_atoms(ax) for ax in lv.axes]
         outs.append(LOutput(node, dims, tuple(o.shape), o.dtype))
     nodes = loop_topo([o.node for o in outs])
