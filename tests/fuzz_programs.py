@@ -29,7 +29,7 @@ DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRE
 _NAMED = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 DTYPES = tuple(_NAMED[d] for d in os.environ.get("FLASHTENSOR_FUZZ_DTYPES", "fp32,fp16,bf16").split(","))
 ROW_STATS = ("rowmax", "rowsum", "entropy", "rowcount", "rowmaxval", "argmax", "rowvar")
-COL_STATS = ("colsum", "colsq", "colmax", "colany", "colcount", "colvar_mean", "colpool", "colmaxpool")
+COL_STATS = ("colsum", "colsq", "colmax", "colany", "colcount", "colvar_mean", "colpool", "colmaxpool", "colcumsum")
 THRESHOLD_STATS = ("rowcount", "colany", "colcount")
 # the outputs of a statistic with more than one (the others have one, named as the statistic)
 OUTPUTS = {"colvar_mean": ("colvar", "colmean")}
@@ -69,6 +69,8 @@ class Spec:
     mask_from: str = "iota"           # iota (index comparisons) | ones (torch.ones(Sq, Skv, dtype=bool).triu/tril)
     pad: int = 0                      # apply "input": each sequence's keys left-padded by up to this many
     rope: bool = False                # q and k rotated by rotate_half (slices and torch.cat), cos/sin as inputs
+    gate: bool = False                # a forget gate (float32 logits per key): the scores plus the running total of
+    #                                   logsigmoid(gate) from the key to the query (the Forgetting Transformer)
     eps: float = 1e-6                 # the entropy's epsilon (fp16 rounds p + 1e-9 to 0 where p is 0)
     pack: str = "args"                # how q, k, v reach the program: args | list | dict
     scale_from: str = "closure"       # closure (spec.scale) | kwarg | default (a keyword's default) | global
@@ -89,7 +91,7 @@ def output_names(spec: Spec) -> tuple[str, ...]:
 
 def extra_names(spec: Spec) -> tuple[str, ...]:
     """The inputs after q, k and v, in the order the program takes them."""
-    return ("u",) * spec.noise + ("mask",) * (spec.apply == "input") + ("cos", "sin") * spec.rope
+    return ("u",) * spec.noise + ("mask",) * (spec.apply == "input") + ("cos", "sin") * spec.rope + ("gate",) * spec.gate
 
 
 def _expand_heads(x: torch.Tensor, spec: Spec) -> torch.Tensor:
@@ -144,6 +146,9 @@ def probabilities(spec: Spec, q: torch.Tensor, k: torch.Tensor, extra: dict, sca
         i = torch.arange(sq, device=q.device)[:, None] + (sk - sq)
         j = torch.arange(sk, device=q.device)[None, :]
         s = s + (j - i).to(s.dtype) * spec.slope
+    if "gate" in extra:     # queries sit at the last sq of the keys' positions
+        c = torch.cumsum(F.logsigmoid(extra["gate"]), dim=-1)
+        s = s + (c[..., sk - sq:, None] - c[..., None, :]).to(s.dtype)
     m = masked(spec, *s.shape[-2:], q.device) if spec.apply != "input" else None
     if spec.apply == "input":
         s = s + extra["mask"]
@@ -181,6 +186,7 @@ def _stat(name: str, p: torch.Tensor, spec: Spec) -> tuple[torch.Tensor, ...]:
         # SnapKV's and PyramidKV's smoothed votes
         "colpool": lambda: (F.avg_pool1d(p.sum(dim=-2), kernel_size=5, padding=2, stride=1),),
         "colmaxpool": lambda: (F.max_pool1d(p.mean(dim=-2), kernel_size=3, padding=1, stride=1),),
+        "colcumsum": lambda: (p.sum(dim=-2).cumsum(dim=-1),),
     }[name]()
 
 
@@ -287,6 +293,8 @@ def inputs(spec: Spec) -> tuple[torch.Tensor, ...]:
         freq = 10000.0 ** (-torch.arange(0, spec.dim, 2, dtype=torch.float32) / spec.dim)
         angle = torch.cat((pos * freq, pos * freq), dim=-1)
         out += [angle.cos().to(DEVICE, spec.dtype), angle.sin().to(DEVICE, spec.dtype)]
+    if spec.gate:
+        out.append((2 + torch.randn(spec.batch, spec.heads, spec.kv_len, generator=g)).to(DEVICE))
     return tuple(out)
 
 
@@ -347,5 +355,5 @@ def specs(draw) -> Spec:
         plant=draw(st.sampled_from([None, None, 0.0, -1.0, math.nan, 1e-40, math.inf])) if noise else None,
         fill=draw(st.sampled_from(fills)), mask_from=draw(st.sampled_from(["iota", "ones"])),
         pad=draw(st.integers(0, kv_len - 1)) if apply == "input" else 0,
-        rope=draw(st.sampled_from([False] * 5 + [True])),
+        rope=draw(st.sampled_from([False] * 5 + [True])), gate=draw(st.sampled_from([False] * 5 + [True])),
         eps=draw(st.sampled_from([1e-6, 1e-9])), **common)

@@ -435,6 +435,13 @@ FOUND = [
          expand="repeat_interleave", cap=5.0, slope=-0.5, mask="causal", width=16, apply="input",
          stats=("colsq", "colany"), threshold=1.0, cast_inside=True, seed=161, fill="finfo", mask_from="ones",
          pad=8, eps=1e-09, scale=0.17677669529663687, scale_from="default", rescale=0.125),
+    # a forget gate's running totals read at the query and the key, under a causal mask from a bool matrix: the
+    # totals' variable was unified with the mask's after the `at` read took it as its map's key, and the loop form
+    # refused the program as a split axis (no fused plan); a key unified since now stands for its root
+    Spec("softmax", batch=1, heads=2, kv_heads=2, q_len=67, kv_len=67, dim=32, dtype=torch.float32, layout="bshd",
+         expand="expand", scale=0.25, cap=30.0, slope=-0.5, mask="causal", width=7, apply="additive", float_probs=True,
+         stats=("colmax",), threshold=2.0, seed=16398, config=2, fill="-1e9", mask_from="ones", gate=True,
+         pack="list", scale_from="default"),
 ]
 
 
@@ -447,7 +454,7 @@ FOUND_IDS = ["colmax_fully_masked_rows", "fp16_large_scores", "bf16_linear", "si
              "eager_bf16_matmul_spreads_a_nan_row", "fp16_rope_gqa_colsum_float32", "fp16_rope_rowmaxval_float32",
              "fp16_rope_colvar_float32", "folded_early_exit_loops",
              "bf16_capped_masked_sum", "bf16_capped_hf_mask_gpu", "ptxas_two_stage_narrow_dot",
-             "fp16_threshold_rounded_as_eager"]
+             "fp16_threshold_rounded_as_eager", "gate_totals_key_unified"]
 
 # Finds not fixed yet, each failing as the comment says (a strict xfail: the test fails once one passes, and it
 # then moves to FOUND); the campaign skips them, so that it reports new failures.

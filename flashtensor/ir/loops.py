@@ -346,12 +346,12 @@ def _at(n: LNode, src: torch.Tensor, device) -> torch.Tensor:
     return t.expand([v.extent for v in n.vars])
 
 
-def reindexed(n: LNode, base: LNode, sub: dict[Var, Affine],
+def reindexed(index_map: Sequence[tuple[Var, Affine]], base: LNode, sub: dict[Var, Affine],
               expr: Optional[Callable[[Affine], Affine]] = None) -> tuple[tuple[Var, Affine], ...]:
-    """The index map of `at` node n, reading `base`, once `sub` replaces variables of its reader: in the map's
+    """An `at` node's index map (reading `base`) once `sub` replaces variables of its reader: in the map's
     expressions (by `expr`, else Affine.substitute), and for a variable of base that the read takes from its reader
     unchanged, as an entry of its own; identities left out."""
-    index = {v: (expr or (lambda e: e.substitute(sub)))(e) for v, e in n.attrs["map"]}
+    index = {v: (expr or (lambda e: e.substitute(sub)))(e) for v, e in index_map}
     index.update({v: sub[v] for v in base.vars if v not in index and v in sub})
     return tuple(sorted(((v, e) for v, e in index.items() if e != Affine.of(v)), key=lambda x: x[0].id))
 

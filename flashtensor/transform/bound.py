@@ -90,7 +90,7 @@ def _substituted(x: LNode, u: Var, v: Var, table: NodeTable, memo: dict[int, LNo
             attrs["expr"] = x.attrs["expr"].substitute(sub)
             memo[id(x)] = table.get(x.op, x.args, x.dtype, var_union(attrs["expr"].vars), attrs)
         elif x.op == "at":      # the stored value stays; its read takes v where it took u
-            attrs["map"] = reindexed(x, x.args[0], sub)
+            attrs["map"] = reindexed(x.attrs["map"], x.args[0], sub)
             memo[id(x)] = _node(table, x.op, x.args, x.dtype, attrs)
         else:
             args = tuple(_substituted(a, u, v, table, memo) if isinstance(a, LNode) else a for a in x.args)

@@ -475,9 +475,11 @@ class Rebuilder:
         """A stored value read at an index map: its own value is rebuilt as it stands (a kernel computes it once),
         the substitution goes into the map, over the variables the read takes from its reader."""
         base = self.rebuild(n.args[0], {})
-        if any(self.s.atoms(v) != [v] for v, _ in n.attrs["map"]):
+        keys = [self.s.atoms(v) for v, _ in n.attrs["map"]]    # a variable unified since stands for its root
+        if any(len(k) != 1 for k in keys):
             raise LoweringError(None, "a value read at shifted offsets along an axis that a reshape splits")
-        attrs = {"map": reindexed(n, base, sub, lambda e: self.affine(e, sub))}
+        index_map = [(k[0], e) for k, (_, e) in zip(keys, n.attrs["map"])]
+        attrs = {"map": reindexed(index_map, base, sub, lambda e: self.affine(e, sub))}
         return self.table.get("at", (base,), n.dtype, node_vars("at", (base,), attrs), attrs)
 
     def reduce(self, kind: str, x: LNode, v: Var, dtype: torch.dtype) -> LNode:
