@@ -69,8 +69,9 @@ class Spec:
     mask_from: str = "iota"           # iota (index comparisons) | ones (torch.ones(Sq, Skv, dtype=bool).triu/tril)
     pad: int = 0                      # apply "input": each sequence's keys left-padded by up to this many
     rope: bool = False                # q and k rotated by rotate_half (slices and torch.cat), cos/sin as inputs
-    gate: bool = False                # a forget gate (float32 logits per key): the scores plus the running total of
-    #                                   logsigmoid(gate) from the key to the query (the Forgetting Transformer)
+    gate: bool = False                # a forget gate (float32 logits per key, q_len <= kv_len): the scores plus the
+    #                                   running total of logsigmoid(gate) from the key to the query (the Forgetting
+    #                                   Transformer's)
     eps: float = 1e-6                 # the entropy's epsilon (fp16 rounds p + 1e-9 to 0 where p is 0)
     pack: str = "args"                # how q, k, v reach the program: args | list | dict
     scale_from: str = "closure"       # closure (spec.scale) | kwarg | default (a keyword's default) | global
@@ -355,5 +356,6 @@ def specs(draw) -> Spec:
         plant=draw(st.sampled_from([None, None, 0.0, -1.0, math.nan, 1e-40, math.inf])) if noise else None,
         fill=draw(st.sampled_from(fills)), mask_from=draw(st.sampled_from(["iota", "ones"])),
         pad=draw(st.integers(0, kv_len - 1)) if apply == "input" else 0,
-        rope=draw(st.sampled_from([False] * 5 + [True])), gate=draw(st.sampled_from([False] * 5 + [True])),
+        rope=draw(st.sampled_from([False] * 5 + [True])),
+        gate=draw(st.sampled_from([False] * 5 + [True])) and q_len <= kv_len,     # queries at the last q_len keys
         eps=draw(st.sampled_from([1e-6, 1e-9])), **common)
