@@ -3,8 +3,8 @@
 #
 #     bash scripts/gpu_check.sh fuzz [DTYPE]   # random programs of each dtype (fp16, bf16; both where none is
 #                                              # named) as compiled kernels, for 9 minutes
-#     bash scripts/gpu_check.sh held [DTYPE]   # every held program, checked and timed against eager (one dtype
-#                                              # per call fits its 10 minutes)
+#     bash scripts/gpu_check.sh held [DTYPE] [k/n]  # every held program (every n-th from the k-th), checked and
+#                                              # timed against eager (half of one dtype's per call fits 10 minutes)
 #     bash scripts/gpu_check.sh generic  # #22: first-call times cold and from the cache in a new process, generic
 #                                        # against exact kernels at S=4096
 #     bash scripts/gpu_check.sh sweep    # #22: 50 random lengths (1K-32K) of h2o and keyformer, one generic plan
@@ -40,8 +40,13 @@ fuzz)
 held)
     # no REUSE: the timed phase tunes and prices each plan against eager on a quiet machine (a plan priced beside
     # eleven compiling processes can keep kernels that are slower than eager once the machine is quiet)
-    d=${2:-fp16,bf16}
-    JOBS=12 bash scripts/held_gpu.sh --dtypes "$d" --rep 15 --rounds 3 --json "$OUT/held_${d/,/_}.json" ;;
+    # PART k/n takes every n-th program from the k-th: 25 programs of one dtype on a cold machine took more than
+    # the device tool's 10 minutes, so `held bf16 1/2` and `held bf16 2/2` are two commands
+    d=${2:-fp16,bf16}; part=${3:-1/1}
+    read -r -a names <<< "$(python -c "from flashtensor.bench import programs
+k, n = map(int, '$part'.split('/')); print(*programs.NAMES[k - 1::n])")"
+    JOBS=12 bash scripts/held_gpu.sh "${names[@]}" --dtypes "$d" --rep 15 --rounds 3 \
+        --json "$OUT/held_${d/,/_}_${part/\//of}.json" ;;
 generic)
     G="python -m flashtensor.bench.generic"
     export FLASHTENSOR_CACHE_DIR=/tmp/ft-cache-cold; rm -rf "$FLASHTENSOR_CACHE_DIR"
