@@ -32,8 +32,8 @@ class Op(enum.StrEnum):
     SELECT = "select"
     SLICE = "slice"
     CAT = "cat"
-    # a value read at several shifted offsets (pooling of column statistics): computed once by a kernel and
-    # stored, each read loads it (the loop form's `at`) instead of computing it again at its offset
+    # a value read at several index maps (pooled column statistics, running totals read at query and key):
+    # computed once by a kernel and stored, each read loads it (the loop form's `at`) instead of computing it again
     STORED = "stored"
     # elementwise
     NEG = "neg"

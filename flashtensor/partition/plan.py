@@ -138,10 +138,10 @@ def partition(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]], relat
                 trial = KernelPlan(k + gr)
                 cuts, trial.loads = _cuts(trial.roots, trial.parallel, produced, whole, nested, invariant)
                 # a merge that makes a value a cut which no kernel produces (a sum over a head group whose
-                # variable the merged kernel carries) is not a kernel, nor one that reads back what it stores
-                if set(cuts) <= produced and not {stored(a) for a in trial.loads} & set(trial.roots) and \
-                        accept(trial) is None and _orderable([k + gr if x is k else x for x in kernels], whole,
-                                                             nested, invariant):
+                # variable the merged kernel carries) is not a kernel, nor one that closes a cycle (a kernel that
+                # reads back a value it stores is one)
+                if set(cuts) <= produced and _orderable([k + gr if x is k else x for x in kernels], whole, nested,
+                                                        invariant) and accept(trial) is None:
                     k.extend(gr)
                     break
         else:
@@ -162,8 +162,8 @@ def partition(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]], relat
 
 def _orderable(kernels: list[list[LNode]], whole: int, nested: bool, invariant: int) -> bool:
     """Whether kernels of these roots have an order, each loading only the values it cannot recompute: a merge
-    that closes a cycle even so (a stored value's own input merged into the kernel that reads it back) is
-    refused."""
+    that closes a cycle even so is refused (a kernel that reads back a value it stores, or a stored value's own
+    input merged into the kernel that reads it back)."""
     plans = [KernelPlan(k) for k in kernels]
     placed = {r for k in kernels for r in k}
     for p in plans:     # values of groups not placed yet are no dependency between these kernels

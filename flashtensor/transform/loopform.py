@@ -108,6 +108,11 @@ class _LV:
     axes: list[list[Var]]
 
 
+def _position(v: Var) -> LNode:
+    """The index of variable v as an int64 value (a cat's joined axis, a running total's two positions)."""
+    return LNode(Op.IOTA, (), torch.int64, (v,), {"expr": Affine.of(v)})
+
+
 def _mk(op: Op | str, args: tuple, dtype: torch.dtype, **attrs: object) -> LNode:
     return LNode(Op(op), args, dtype, var_union(*(a.vars for a in args if isinstance(a, LNode))), attrs)
 
@@ -359,8 +364,7 @@ class _Lowerer:
         if atoms:
             i, t = atoms[0], Var(atoms[0].extent)
             at_t = Rebuilder(self.s).rebuild(node, {i: Affine.of(t)})
-            up_to = _mk("le", tuple(LNode(Op.IOTA, (), torch.int64, (v,), {"expr": Affine.of(v)}) for v in (t, i)),
-                        torch.bool)
+            up_to = _mk("le", (_position(t), _position(i)), torch.bool)
             zero = 0.0 if cd.is_floating_point else 0
             node = _mk("reduce_axes", (_mk("where", (up_to, at_t, zero), cd),), cd, kind="sum", axes=[t])
         return _LV(node if cd == n.dtype else _mk("cast", (node,), n.dtype), [list(ax) for ax in x.axes])
@@ -400,7 +404,7 @@ class _Lowerer:
             sub = {atoms[0]: Affine.of(w) + Affine((), -start)} if atoms else {}
             start += piece.shape[d]
             picks.append((Rebuilder(self.s).rebuild(x.node, sub), start))
-        index = LNode(Op.IOTA, (), torch.int64, (w,), {"expr": Affine.of(w)})
+        index = _position(w)
         out = picks[-1][0]
         for node, end in reversed(picks[:-1]):
             out = _mk("where", (_mk("lt", (index, end), torch.bool), node, out), n.dtype)
