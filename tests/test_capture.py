@@ -406,6 +406,21 @@ def test_the_compiled_function_returns_what_eager_returns(fn):
     assert type(out) is type(fn(q, k, v))
 
 
+@pytest.mark.unit
+def test_returns_rebuild_tuples_without_deprecated_pytree_calls():
+    """A flat tuple of outputs is rebuilt without walking the pytree on each call, and without pytree calls that
+    torch 2.13 deprecates (its FutureWarning would reach every user's call); nested ones keep their structure."""
+    from flashtensor.ir.graph import Returns
+    a, b = torch.ones(2), torch.zeros(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        flat = Returns(pytree.tree_structure((0, 0)), (None, None), (0, 1))
+        assert flat._plain == "tuple" and flat.build([a, b]) == (a, b)
+        nested = Returns(pytree.tree_structure((0, (0,))), (None, None), (0, 1))
+        assert nested._plain == "" and nested.build([a, b]) == (a, (b,))
+        assert Returns(pytree.tree_structure(0), (None,), (0,)).build([a]) is a
+
+
 # ---- what capture cannot trace runs in eager as a whole ------------------------------------------
 
 def skip_all_ones_mask(q, k, mask):

@@ -75,7 +75,7 @@ class Returns:
         every = self.slots == tuple(range(len(self.leaves)))
         if every and self.spec.is_leaf():
             return "leaf"
-        if every and self.spec.type is tuple and all(c.is_leaf() for c in self.spec.children_specs):
+        if every and self.spec == pytree.tree_structure(tuple(range(len(self.leaves)))):
             return "tuple"
         return ""
 
