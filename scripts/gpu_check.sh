@@ -5,6 +5,10 @@
 #                                              # named) as compiled kernels, for 9 minutes
 #     bash scripts/gpu_check.sh held [DTYPE] [k/n]  # every held program (every n-th from the k-th), checked and
 #                                              # timed against eager (half of one dtype's per call fits 10 minutes)
+#     bash scripts/gpu_check.sh peers [DTYPE] [k/n] # #21: masks FlexAttention can express (built inside, captured,
+#                                              # passed in), GQA statistics, EA and SimA, against their peers
+#                                              # (every n-th of the nine units from the k-th: causal and
+#                                              # sinks_window, whose ratio is a target, stay in one part)
 #     bash scripts/gpu_check.sh generic  # #22: first-call times cold and from the cache in a new process, generic
 #                                        # against exact kernels at S=4096
 #     bash scripts/gpu_check.sh sweep    # #22: 50 random lengths (1K-32K) of h2o and keyformer, one generic plan
@@ -45,8 +49,32 @@ held)
     d=${2:-fp16,bf16}; part=${3:-1/1}
     read -r -a names <<< "$(python -c "from flashtensor.bench import programs
 k, n = map(int, '$part'.split('/')); print(*programs.NAMES[k - 1::n])")"
-    JOBS=12 bash scripts/held_gpu.sh "${names[@]}" --dtypes "$d" --rep 15 --rounds 3 \
+    JOBS=12 bash scripts/held_gpu.sh "${names[@]}" --dtypes "$d" --rep 15 --rounds 3 --peers "${PEERS:-}" \
         --json "$OUT/held_${d/,/_}_${part/\//of}.json" ;;
+peers)
+    d=${2:-fp16}; part=${3:-1/1}
+    units=(causal window sinks_window prefix_lm alibi t5_bias softcap gqa linear)
+    IFS=/ read -r k n <<< "$part"
+    picked=("${units[@]:$((k - 1))}"); mine=()
+    for ((i = 0; i < ${#picked[@]}; i += n)); do mine+=("${picked[i]}"); done
+    rows=(); parts=()
+    for u in "${mine[@]}"; do
+        case $u in gqa|linear) parts+=("$u") ;; *) rows+=("$u") ;; esac
+    done
+    [ ${#rows[@]} -gt 0 ] && parts=(masks "${parts[@]}")
+    plist=$(IFS=,; echo "${parts[*]}"); rlist=$(IFS=,; echo "${rows[*]}")
+    # compile and check each unit in a process of its own (Triton's, Inductor's and Flex's caches fill), then time
+    # them all in one process, tuning again on the quiet machine
+    warm=$(mktemp -d)
+    for u in "${mine[@]}"; do
+        case $u in gqa|linear) which=(--parts "$u") ;; *) which=(--parts masks --rows "$u") ;; esac
+        FLASHTENSOR_CACHE_DIR=$warm/$u python -m flashtensor.bench.peers "${which[@]}" --dtype "$d" --no-time \
+            > "$warm/$u.log" 2>&1 &
+    done
+    wait
+    grep -h "^masks\|^gqa\|^linear" "$warm"/*.log | sed 's/^/warm: /'
+    FLASHTENSOR_CACHE_DIR=$(mktemp -d) python -m flashtensor.bench.peers --parts "$plist" --rows "${rlist:-causal}" \
+        --dtype "$d" --rep 30 --rounds 3 --json "$OUT/peers_${d}_${part/\//of}.json" ;;
 generic)
     G="python -m flashtensor.bench.generic"
     export FLASHTENSOR_CACHE_DIR=/tmp/ft-cache-cold; rm -rf "$FLASHTENSOR_CACHE_DIR"
@@ -74,5 +102,5 @@ ab)
     wait
     python -m flashtensor.bench.ab $W --trees "base=$base,new=." --rep 30 | tee "$OUT/ab.txt" ;;
 *)
-    echo "usage: bash scripts/gpu_check.sh fuzz [DTYPE] | held [DTYPE] | generic | sweep | decode | host | wide | ab BASE_TREE" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_check.sh fuzz [DTYPE] | held [DTYPE] [k/n] | peers [DTYPE] [k/n] | generic | sweep | decode | host | wide | ab BASE_TREE" >&2; exit 2 ;;
 esac

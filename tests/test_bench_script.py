@@ -203,3 +203,44 @@ def test_generic_decode_splits_the_key_loop(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     recs = json.loads(out.read_text())["records"]
     assert recs and all(r["ok"] and r["splits"] and min(r["splits"] + r["attn_splits"]) > 1 for r in recs), recs
+
+
+def test_peers_checks_every_form_and_flexattention_against_eager(tmp_path):
+    """Issue 21's comparison at the interpreter's shapes: each masks row in its three forms fuses wholly and matches
+    eager, FlexAttention's block mask and score_mod match eager (so the GPU run compares equal programs), and the
+    GQA and linear-attention parts fuse and match."""
+    from flashtensor.bench import peers
+    out = tmp_path / "peers.json"
+    assert peers.main(["--peers", "eager,flex", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert set(res["masks"]) == set(peers.ROWS)
+    for name, recs in res["masks"].items():
+        assert {f"ft/{f}" for f in peers.FORMS} | {"eager", "flex"} == set(recs), name
+        assert all(r["ok"] for r in recs.values()), (name, recs)
+        assert all(recs[f"ft/{f}"]["fused"] == "fused" for f in peers.FORMS), name
+    assert all(r["ok"] for r in res["gqa"].values())
+    assert res["gqa"]["ft/gqa"]["fused"] == res["gqa"]["ft/mha"]["fused"] == "fused"
+    assert all(r["ok"] for recs in res["linear"].values() for r in recs.values())
+    assert {recs["ft"]["fused"] for recs in res["linear"].values()} == {"fused"}
+
+
+@pytest.mark.unit
+def test_peers_report_gives_issue_21s_ratios():
+    from flashtensor.bench import peers
+
+    def rec(ms, ok=True):
+        return dict(peers._record(), ms=ms, ok=ok, fused="fused")
+    masks = {name: {"eager": rec(6.0), "flex": rec(0.4), **{f"ft/{f}": rec(0.2 if name == "causal" else 0.07)
+                                                             for f in peers.FORMS},
+                    **{f"compile/{f}": rec(2.0) for f in peers.FORMS}} for name in ("causal", "sinks_window")}
+    masks["causal"]["ft/passed"] = rec(0.5, ok=False)
+    results = {"device": "NVIDIA H200", "date": "2030-01-02", "dims": peers.GPU, "dtype": "fp16", "masks": masks,
+               "gqa": {"ft/gqa": rec(0.9), "ft/mha": rec(0.8), "compile/gqa": rec(3.6)},
+               "linear": {"ea": {"ft": rec(0.1), "compile": rec(0.25), "eager": rec(0.3)}}}
+    md = peers.markdown(results)
+    assert "| causal | inside | 6.00 | 2.00 | 0.400 | 0.200 | pass | 2.00x | 10.00x |" in md
+    assert "| causal | passed | 6.00 | 2.00 | 0.400 | - | FAIL" in md
+    assert "sinks + window over causal (flashtensor; at most 0.4): inside 0.350, captured 0.350, passed -" in md
+    assert "GQA over MHA (flashtensor; at most 1.15): 1.12" in md
+    assert "| ea | 0.300 | 0.250 | 0.100 | pass | 2.50x |" in md
+    assert [r["ok"] for r in peers._ft_records(results)].count(False) == 1

@@ -61,6 +61,24 @@ def test_runner_table_and_exit_status(monkeypatch, capsys):
 
 
 @pytest.mark.unit
+def test_table_gives_torch_compiles_time_and_ratio_where_timed():
+    """With --peers compile, the table has torch.compile's time and its ratio to flashtensor's, a wrong torch.compile
+    marked, and no such columns otherwise."""
+    def timed(ms, wrong=None):
+        return {"ms": ms, "ms_rounds": [ms], "error": None, "wrong": wrong}
+    rec = {"program": "rope_attention", "dtype": "fp16", "status": "fused", "ok": True, "error": None, "notes": "",
+           "outputs": [{"error": 5e-4, "tol": 2e-3, "against": "eager", "problem": ""}],
+           "eager": timed(5.0), "flashtensor": timed(0.5), "compile": timed(2.0)}
+    results = {"device": "NVIDIA H200", "shape": "gpu", "dims": {}, "date": "2030-01-02", "programs": [rec]}
+    assert "| rope_attention | fp16 | fused | pass | 5.0e-04 | 5.00 | 0.500 | 10.00x | 2.00 | 4.00x |" in \
+        held.markdown(results)
+    rec["compile"] = timed(2.0, wrong="error 3e-3 above 2e-3")
+    assert "| 2.00 ✗ | 4.00x |" in held.markdown(results)
+    del rec["compile"]
+    assert held.markdown(results).splitlines()[2].endswith("| ratio (eager / ft) |")
+
+
+@pytest.mark.unit
 def test_compare_with_exact():
     """The float64 rule: a half output that misses eager passes where it is as near the exact answer as eager
     plus the slack; a float32 one only where eager itself is ill-conditioned, or with a half-precision slack where

@@ -1,7 +1,7 @@
 """Check the project's held programs (flashtensor/bench/programs.py) against eager, and time them on a GPU.
 
     python -m flashtensor.bench.held [NAMES...] [--dtypes fp16,bf16] [--shape small|gpu] [--json F] [--rep N] \
-        [--rounds N] [--no-time] [--lengths S,S,...]
+        [--rounds N] [--no-time] [--lengths S,S,...] [--peers compile]
 
 For each program and dtype: eager runs, `ft.compile` runs, and every output is checked under the contract
 (flashtensor.testing.compare_with_exact, float64 rule included); the plan says whether it fused (every
@@ -62,9 +62,11 @@ def check_outputs(fn: Callable, args: tuple, out: Any, ref: Any) -> list[testing
     return matches
 
 
-def run_program(name: str, dtype: str, dims: dict, device: str, lengths: tuple[int, ...] = ()) -> tuple[dict, dict]:
+def run_program(name: str, dtype: str, dims: dict, device: str, lengths: tuple[int, ...] = (),
+                peers: tuple[str, ...] = ()) -> tuple[dict, dict]:
     """Build, run and check one program (then the same compiled callable at each of `lengths`); returns its record
-    and what to time (empty after a crash)."""
+    and what to time (empty after a crash). With "compile" among `peers`, torch.compile of the program is checked
+    too and timed beside them (a wrong or failing peer is recorded, and fails nothing)."""
     rec: dict[str, Any] = {"program": name, "dtype": dtype, "status": None, "notes": "", "ok": False,
                            "outputs": [], "error": None, "eager": None, "flashtensor": None, "searches": None}
     try:
@@ -103,12 +105,23 @@ def run_program(name: str, dtype: str, dims: dict, device: str, lengths: tuple[i
         if bad:
             rec["ok"], rec["error"] = False, f"at S={s}: {bad[0]}"[:200]
     rec["searches"] = compiled.cache_info()["searches"]
-    return rec, {"eager": (fn, args), "flashtensor": (compiled, args)}
+    runs = {"eager": (fn, args), "flashtensor": (compiled, args)}
+    if "compile" in peers:
+        rec["compile"] = {"ms": None, "ms_rounds": [], "error": None, "wrong": None}
+        try:
+            inductor = torch.compile(fn)
+            with torch.no_grad():
+                wrong = [m.problem for m in check_outputs(fn, args, inductor(*args), ref) if not m.ok]
+            rec["compile"]["wrong"] = wrong[0][:200] if wrong else None
+            runs["compile"] = (inductor, args)
+        except Exception as e:  # noqa: BLE001
+            rec["compile"]["error"] = bench._error(e)
+    return rec, runs
 
 
 def time_program(rec: dict, runs: dict, rep: int, rounds: int) -> None:
     """Eager and flashtensor in `rounds` interleaved rounds; ms is the median of the rounds' medians."""
-    recs: dict[str, dict[str, Any]] = {k: {"ms": None, "ms_rounds": [], "error": None} for k in runs}
+    recs: dict[str, dict[str, Any]] = {k: rec.get(k) or {"ms": None, "ms_rounds": [], "error": None} for k in runs}
     bench.time_rounds(runs, recs, rep, rounds)
     for k, r in recs.items():
         rec[k] = r
@@ -138,16 +151,22 @@ def markdown(results: dict) -> str:
     def fmt(x: float | None) -> str:
         return "-" if x is None else (f"{x:.3f}" if x < 1 else f"{x:.2f}")
 
+    inductor = any("compile" in rec for rec in results["programs"])
     lines = [f"Held programs on {results['device']}, {results['shape']} shapes {results['dims']}, "
              f"{results['date']}.", "",
-             "| program | dtype | fused? | check | error | eager ms | flashtensor ms | ratio (eager / ft) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| program | dtype | fused? | check | error | eager ms | flashtensor ms | ratio (eager / ft) |" +
+             (" torch.compile ms | compile / ft |" if inductor else ""),
+             "|---|---|---|---|---|---|---|---|" + ("---|---|" if inductor else "")]
     details = []
     for rec in results["programs"]:
         check = "pass" if rec["ok"] else ("crash" if rec["error"] and rec["status"] is None else "FAIL")
         r = ratio(rec)
         cells = [rec["program"], rec["dtype"], rec["status"] or "-", check, _cell_error(rec),
                  fmt(_ms(rec, "eager")), fmt(_ms(rec, "flashtensor")), "-" if r is None else f"{r:.2f}x"]
+        if inductor:
+            c, f = _ms(rec, "compile") if rec.get("compile") else None, _ms(rec, "flashtensor")
+            wrong = " ✗" if (rec.get("compile") or {}).get("wrong") else ""
+            cells += [fmt(c) + wrong, "-" if not (c and f) else f"{c / f:.2f}x"]
         lines.append("| " + " | ".join(cells) + " |")
         said = [rec["error"]] if rec["error"] else []
         said += [f"output {k}: {o['problem']}" for k, o in enumerate(rec["outputs"]) if o["problem"]]
@@ -168,6 +187,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-time", action="store_true",
                    help="compile and check only: several such processes at once fill Triton's kernel cache, "
                         "so that one timing process after them compiles nothing")
+    p.add_argument("--peers", default="", help="'compile': torch.compile checked and timed beside them too")
     p.add_argument("--lengths", default="", help="comma-separated sequence lengths to run and check the same "
                    "compiled callable at after the first call (shape-generic plans)")
     return p
@@ -200,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in names:
         for d in dtypes:
             lengths = tuple(int(s) for s in args.lengths.split(",") if s)
-            rec, runs = run_program(n, d, SHAPES[shape], device, lengths)
+            rec, runs = run_program(n, d, SHAPES[shape], device, lengths, tuple(args.peers.split(",")))
             if cuda and runs and not args.no_time:
                 time_program(rec, runs, args.rep, args.rounds)
             results["programs"].append(rec)
