@@ -27,6 +27,7 @@ import torch
 from . import knobs
 from .analysis import precision
 from .analysis.facts import nan_absorbing_maxima
+from .caller import user_stacklevel
 from .codegen.artifact import encode_kernel, with_plain_keys
 from .codegen.checkplan import plan_checks
 from .codegen.normalisers import folded_normalisers
@@ -400,7 +401,7 @@ def warn_notes(notes: Iterable[str], warned: set[str]) -> None:
     for msg in notes:
         if msg not in warned:
             warned.add(msg)
-            warnings.warn(f"FlashTensor: {msg}", FallbackWarning, stacklevel=5)
+            warnings.warn(f"FlashTensor: {msg}", FallbackWarning, stacklevel=user_stacklevel())
 
 
 def _device(example: Sequence[torch.Tensor]) -> torch.device:

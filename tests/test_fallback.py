@@ -291,6 +291,25 @@ def test_one_warning_per_distinct_note_per_compiled_callable():
         ft.compile(sorted_scaled, cache=False)(torch.randn(5, 12))
 
 
+@pytest.mark.unit
+def test_warnings_point_at_the_line_that_called_the_compiled_function(tmp_path, monkeypatch):
+    """Each warning names the user's own line, whichever path the call takes inside: a new plan, a plan read
+    from the on-disk cache by another callable, inputs requiring grad; through the torch.compile backend, the
+    function Dynamo is compiling (its frame is the first outside torch)."""
+    monkeypatch.setenv("FLASHTENSOR_CACHE_DIR", str(tmp_path))
+    x = torch.randn(5, 12)
+    calls = (lambda: ft.compile(sorted_scaled)(x), lambda: ft.compile(sorted_scaled)(x),
+             lambda: ft.compile(sorted_scaled)(x.clone().requires_grad_()),
+             lambda: torch.compile(sorted_scaled, backend="flashtensor")(x + 1))
+    for k, call in enumerate(calls):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            call()
+        where = {(w.filename, w.lineno) for w in caught if issubclass(w.category, FallbackWarning)}
+        line = (call if k < 3 else sorted_scaled).__code__.co_firstlineno
+        assert where == {(__file__, line)}, (k, where)
+
+
 # ---- pricing a plan against the function itself (GPU) ---------------------------------------------------
 
 @pytest.mark.unit

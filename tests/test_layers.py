@@ -12,7 +12,7 @@ pytestmark = pytest.mark.unit
 ROOT = Path(flashtensor.__file__).parent
 # lowest first; a module may import its own layer and those below it
 LAYERS = [
-    {"options", "knobs", "version", "testing", "workloads"},
+    {"options", "knobs", "version", "testing", "workloads", "caller"},
     {"ir"},
     {"frontend", "transform", "analysis", "partition"},
     {"schedule"},

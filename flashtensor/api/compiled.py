@@ -9,6 +9,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from ..caller import user_stacklevel
 from ..driver import FallbackWarning, build, retune, warn_notes
 from ..options import Options
 from ..runtime.autotune import timed
@@ -202,7 +203,7 @@ class Compiled:
         self._changed = self._changed + 1 if changed else 0
         if self._changed == _CHANGED:
             warnings.warn(f"FlashTensor: {name_of(self.fn)} changes values it reads each time it runs, so no plan "
-                          "could be reused; it runs in eager PyTorch", FallbackWarning, stacklevel=4)
+                          "could be reused; it runs in eager PyTorch", FallbackWarning, stacklevel=user_stacklevel())
 
     def _fresh(self, prog: Program) -> bool:
         return all(version(t) == v for t, v in self._baked[id(prog)][0])
@@ -212,7 +213,8 @@ class Compiled:
         if not self._warned_grad:
             self._warned_grad = True
             warnings.warn(f"FlashTensor: inputs require grad: running {name_of(self.fn)} in eager PyTorch for "
-                          "autograd; FlashTensor's kernels are forward-only", FallbackWarning, stacklevel=3)
+                          "autograd; FlashTensor's kernels are forward-only", FallbackWarning,
+                          stacklevel=user_stacklevel())
         return self.fn(*args, **kwargs)
 
 

@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from .. import knobs
+from ..caller import user_stacklevel
 from ..ir.graph import Graph
 from ..version import __version__
 
@@ -102,7 +103,8 @@ def store(k: str, entry: dict) -> None:
             f.write(data)
         os.replace(tmp, path)
     except OSError as e:
-        warnings.warn(f"FlashTensor: could not write plan cache entry {path}: {e}", CacheWarning, stacklevel=2)
+        warnings.warn(f"FlashTensor: could not write plan cache entry {path}: {e}", CacheWarning,
+                      stacklevel=user_stacklevel())
         return
     log.debug("plan cache: stored %s", path)
 
@@ -132,6 +134,6 @@ def load(k: str) -> Optional[dict]:
         except Exception as e:  # noqa: BLE001 - any unreadable entry is rebuilt, whatever the reason
             problem = f"unreadable ({type(e).__name__}: {e})"
     warnings.warn(f"FlashTensor: discarding corrupt plan cache entry {path}: {problem}; rebuilding it",
-                  CacheWarning, stacklevel=2)
+                  CacheWarning, stacklevel=user_stacklevel())
     path.unlink(missing_ok=True)
     return None
