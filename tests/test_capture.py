@@ -264,6 +264,39 @@ def test_unbind_of_packed_qkv_lowers_and_fuses():
     assert program.launches and not notes, notes
 
 
+# ---- scores by baddbmm (GPT-NeoX, Bloom) -----------------------------------------------------------
+
+def neox_scores(q, k, v):
+    """GPT-NeoX's _attn: the scores by baddbmm into a zeros tensor, alpha the 1/sqrt(d) norm factor."""
+    b, h, s, d = q.shape
+    q, k = q.reshape(b * h, s, d), k.reshape(b * h, s, d)
+    zeros = torch.zeros(b * h, s, s, dtype=q.dtype, device=q.device)
+    scores = torch.baddbmm(zeros, q, k.transpose(1, 2), beta=1.0, alpha=1 / math.sqrt(d)).view(b, h, s, s)
+    causal = torch.ones(s, s, dtype=torch.bool).tril()
+    scores = torch.where(causal, scores, torch.tensor(torch.finfo(scores.dtype).min, dtype=scores.dtype))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def bloom_scores(q, k, v, alibi):
+    """BloomAttention: ALiBi (batch x heads, 1, kv_len) as baddbmm's input, beta 1; and once more with the input
+    scaled (beta 0.5) and ignored (beta 0, where eager drops even a NaN in it)."""
+    b, h, s, d = q.shape
+    q, kt = q.reshape(b * h, s, d), k.reshape(b * h, s, d).transpose(1, 2)
+    scores = alibi.baddbmm(batch1=q, batch2=kt, beta=1.0, alpha=d ** -0.5).view(b, h, s, s)
+    halved = torch.baddbmm(alibi, q, kt, beta=0.5, alpha=d ** -0.5).view(b, h, s, s)
+    ignored = torch.baddbmm(torch.full_like(alibi, float("nan")), q, kt, beta=0.0).view(b, h, s, s)
+    return [torch.softmax(x, dim=-1) @ v for x in (scores, halved, ignored)]
+
+
+@pytest.mark.parametrize("fn", [neox_scores, bloom_scores], ids=lambda f: f.__name__)
+def test_baddbmm_scores_fuse(fn):
+    q, k, v = qkv(b=2)
+    extra = (torch.randn(4, 1, 24),) if fn is bloom_scores else ()
+    out, program, notes = run(fn, q, k, v, *extra)
+    assert_same(out, fn(q, k, v, *extra))
+    assert not notes and program.launches, notes
+
+
 # ---- calls that take a list of tensors -----------------------------------------------------------
 
 def rotate_half(x):

@@ -25,7 +25,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from ..ir.graph import Builder, Graph, Node, Returns
 from ..ir.ops import ELEMENTWISE, GROUP, TENSOR, Group, scalar
 from ..ir.sizes import same
-from . import layout, pooling, scan
+from . import layout, norms, pooling, scan
 from .eager import EagerOnly, name, raise_if_eager_rejects, torch_logs_to_debug, whole, why_untraced
 from .scatter import scatter
 from .source import SourceRecorder
@@ -350,50 +350,16 @@ def _unbind(b, fx, args, kw, src, live):
     return [b.add("select", (x,), tuple(v.shape), v.dtype, src, dim=dim, index=k) for k, v in enumerate(fx.meta["val"])]
 
 
-_WIDE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
-
-
-def _to(b: Builder, x: Node, dtype: torch.dtype, src: str) -> Node:
-    return x if x.dtype == dtype else b.add("cast", (x,), x.shape, dtype, src)
-
-
-def _moments(b: Builder, x: Node, dims: list[int], correction: float, src: str) -> tuple[Node, Node, Node]:
-    """The mean over `dims` (kept), the deviations from it and their variance, in float32 for half inputs as
-    eager computes them; two passes (the mean first), as accurate as eager's one-pass Welford."""
-    x = _to(b, x, _WIDE.get(x.dtype, x.dtype), src)
-    count = 1
-    for d in dims:
-        count *= x.shape[d]
-    kept = tuple(1 if d in dims else n for d, n in enumerate(x.shape))
-    mean = b.add("mean", (x,), kept, x.dtype, src, dims=dims, keepdim=True)
-    dev = b.add("sub", (x, mean), x.shape, x.dtype, src)
-    total = b.add("reduce", (b.add("mul", (dev, dev), x.shape, x.dtype, src),), kept, x.dtype, src, kind="sum",
-                  dims=dims, keepdim=True)
-    return mean, dev, b.add("div", (total, float(max(count - correction, 0))), kept, x.dtype, src)
-
-
 def _layer_norm(b, fx, args, kw, src, live):
-    """native_layer_norm (F.layer_norm, nn.LayerNorm): (x - mean) * rsqrt(var + eps) * weight + bias, and the
-    mean and rstd it also returns, from primitives that fuse (QK-norm before attention)."""
     x, shape, weight, bias, eps = args
-    mean, dev, var = _moments(b, x, list(range(len(x.shape) - len(shape), len(x.shape))), 0, src)
-    rstd = b.add("rsqrt", (b.add("add", (var, eps), var.shape, var.dtype, src),), var.shape, var.dtype, src)
-    y = b.add("mul", (dev, rstd), dev.shape, dev.dtype, src)
-    for p, op in ((weight, "mul"), (bias, "add")):
-        if p is not None:
-            y = b.add(op, (y, _to(b, p, y.dtype, src)), y.shape, y.dtype, src)
-    vals = fx.meta["val"]
-    return [_to(b, n, v.dtype, src) for n, v in zip((y, mean, rstd), vals)]
+    return norms.layer_norm(b, x, len(shape), weight, bias, eps, [v.dtype for v in fx.meta["val"]], src)
 
 
 def _var_mean(b, fx, args, kw, src, live):
-    """torch.var_mean: the variance with eager's correction (1 unless given), and the mean."""
-    x = args[0]
+    """torch.var_mean: eager's correction is 1 unless given."""
+    x, correction = args[0], kw.get("correction")
     dims = _norm_dims(args[1] if len(args) > 1 else kw.get("dim"), len(x.shape))
-    correction = kw.get("correction")
-    mean, _, var = _moments(b, x, dims, 1 if correction is None else correction, src)
-    return [_to(b, _reshape(b, [n], {}, tuple(v.shape), n.dtype, src), v.dtype, src)
-            for n, v in zip((var, mean), fx.meta["val"])]
+    return norms.var_mean(b, x, dims, 1 if correction is None else correction, fx.meta["val"], src)
 
 
 def _first_lowered(lower: Callable) -> Callable:
@@ -449,6 +415,19 @@ def _identity(b, a, kw, shape, dtype, src):
 
 def _cast(b, a, kw, shape, dtype, src):
     return a[0] if a[0].dtype == dtype else b.add("cast", (a[0],), shape, dtype, src)
+
+
+def _added_product(b, a, kw, shape, dtype, src):
+    """`beta * input + alpha * (batch1 @ batch2)`: addmm and baddbmm (GPT-NeoX's and Bloom's scores, with ALiBi as
+    the input); a beta of 0 ignores the input, NaN included, as eager does."""
+    beta, alpha = kw.get("beta", 1), kw.get("alpha", 1)
+    product = b.add("matmul", (a[1], a[2]), shape, dtype, src)
+    if alpha != 1:
+        product = b.add("mul", (product, alpha), shape, dtype, src)
+    if beta == 0:
+        return product
+    added = a[0] if beta == 1 else b.add("mul", (a[0], beta), a[0].shape, dtype, src)
+    return b.add("add", (added, product), shape, dtype, src)
 
 
 def _reshape(b, a, kw, shape, dtype, src):
@@ -530,7 +509,9 @@ _RULES: dict[Any, Callable] = {
     aten.bmm.default: lambda b, a, kw, s, d, src: b.add("matmul", (a[0], a[1]), s, d, src),
     aten.mm.default: lambda b, a, kw, s, d, src: b.add("matmul", (a[0], a[1]), s, d, src),
     aten.addmm.default: lambda b, a, kw, s, d, src: b.add(
-        "addmm", (a[0], a[1], a[2]), s, d, src) if kw.get("beta", 1) == 1 and kw.get("alpha", 1) == 1 else None,
+        "addmm", (a[0], a[1], a[2]), s, d, src) if kw.get("beta", 1) == kw.get("alpha", 1) == 1 else
+    _added_product(b, a, kw, s, d, src),
+    aten.baddbmm.default: _added_product,
     aten.linear.default: lambda b, a, kw, s, d, src: b.add(
         "linear", tuple(x for x in a[:3] if x is not None), s, d, src),
     aten._softmax.default: lambda b, a, kw, s, d, src: b.add("softmax", (a[0],), s, d, src, dim=_dim(a[1], len(s))),

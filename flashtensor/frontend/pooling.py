@@ -16,12 +16,9 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 
 from ..ir.graph import Builder, Node
-from ..ir.ops import scalar
+from ..ir.ops import WIDE, scalar
 
 aten = torch.ops.aten
-
-_WIDE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
-
 
 def _arg(a: list, kw: dict, i: int, key: str, default: Any) -> Any:
     return a[i] if len(a) > i else kw.get(key, default)
@@ -95,7 +92,7 @@ def avg_pool(b: Builder, a: list, kw: dict, s: tuple, d: torch.dtype, src: str) 
     if _arg(a, kw, 4, "ceil_mode", False) or not d.is_floating_point:
         return None
     x = shared(b, x, src)
-    wide = _WIDE.get(d, d)
+    wide = WIDE.get(d, d)
     xw = x if x.dtype == wide else b.add("cast", (x,), x.shape, wide, src)
     xp = _padded(b, xw, padding, 0.0, src)
     if xp is None:

@@ -197,6 +197,10 @@ BINARY: dict[Op, Callable] = {op: e.torch for op, e in ELEMENTWISE.items() if GR
 COMPOSITE = frozenset(op for op, g in GROUP.items() if g is Group.COMPOSITE)
 
 
+WIDE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
+"""The dtype eager computes a half-precision op's insides in (normalisations, pooling, elu): float32."""
+
+
 def scalar(v: Any, dtype: torch.dtype) -> Any:
     """A Python number as a value of `dtype`: a bool's 1 is True, since where(keep, x, 0) of a bool x is int64
     in torch and int32 in Triton, where a condition must be a bool."""

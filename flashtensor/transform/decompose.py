@@ -13,9 +13,7 @@ import math
 import torch
 
 from ..ir.graph import Builder, Graph, Node
-from ..ir.ops import Op, scalar
-
-_COMPUTE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
+from ..ir.ops import WIDE, Op, scalar
 
 
 def decompose(g: Graph) -> Graph:
@@ -43,7 +41,7 @@ def _cast(b: Builder, x: Node, dtype, src: str) -> Node:
 
 def _softmax(b: Builder, n: Node, x: Node) -> Node:
     """Computed in float32 for half types, as eager's kernels do internally."""
-    x = _cast(b, x, _COMPUTE.get(n.dtype, n.dtype), n.source)
+    x = _cast(b, x, WIDE.get(n.dtype, n.dtype), n.source)
     d, s = n.attrs["dim"], n.source
     m = _red(b, "max", x, [d], True, s)
     z = b.add("sub", (x, m), x.shape, x.dtype, s)
@@ -117,7 +115,7 @@ def _linear(b: Builder, n: Node, x: Node, w: Node, bias: Node | None = None) -> 
 def _elu(b: Builder, n: Node, x: Node) -> Node:
     """elu(x) = x * scale where x > 0, else expm1(x * input_scale) * alpha * scale; in float32 for half x."""
     s, a = n.source, n.attrs
-    x = _cast(b, x, _COMPUTE.get(n.dtype, n.dtype), s)
+    x = _cast(b, x, WIDE.get(n.dtype, n.dtype), s)
     neg = b.add("expm1", (_times(b, x, a["input_scale"], s),), x.shape, x.dtype, s)
     keep = b.add("gt", (x, 0.0), x.shape, torch.bool, s)
     out = b.add("where", (keep, _times(b, x, a["scale"], s), _times(b, neg, a["alpha"] * a["scale"], s)),
@@ -133,7 +131,7 @@ def _log_sigmoid(b: Builder, n: Node, x: Node) -> Node:
     """log sigmoid(x) = min(x, 0) - log1p(exp(-|x|)), eager's formula, finite for every finite x; in float32
     for half x."""
     s = n.source
-    x = _cast(b, x, _COMPUTE.get(n.dtype, n.dtype), s)
+    x = _cast(b, x, WIDE.get(n.dtype, n.dtype), s)
     e = b.add("exp", (b.add("neg", (b.add("abs", (x,), x.shape, x.dtype, s),), x.shape, x.dtype, s),),
               x.shape, x.dtype, s)
     out = b.add("sub", (b.add("minimum", (x, 0.0), x.shape, x.dtype, s),

@@ -1,0 +1,56 @@
+"""Capture rules' bodies for the normalisations that return several tensors: layer_norm's output, mean and rstd,
+and var_mean's variance and mean, built from primitives that fuse (QK-norm before attention). Half inputs are
+computed in float32, as eager computes them."""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import torch
+
+from ..ir.graph import Builder, Node
+from ..ir.ops import WIDE
+from ..ir.sizes import same
+
+
+def _to(b: Builder, x: Node, dtype: torch.dtype, src: str) -> Node:
+    return x if x.dtype == dtype else b.add("cast", (x,), x.shape, dtype, src)
+
+
+def moments(b: Builder, x: Node, dims: list[int], correction: float, src: str) -> tuple[Node, Node, Node]:
+    """The mean over `dims` (kept), the deviations from it and their variance; two passes (the mean first), as
+    accurate as eager's one-pass Welford."""
+    x = _to(b, x, WIDE.get(x.dtype, x.dtype), src)
+    count = 1
+    for d in dims:
+        count *= x.shape[d]
+    kept = tuple(1 if d in dims else n for d, n in enumerate(x.shape))
+    mean = b.add("mean", (x,), kept, x.dtype, src, dims=dims, keepdim=True)
+    dev = b.add("sub", (x, mean), x.shape, x.dtype, src)
+    total = b.add("reduce", (b.add("mul", (dev, dev), x.shape, x.dtype, src),), kept, x.dtype, src, kind="sum",
+                  dims=dims, keepdim=True)
+    return mean, dev, b.add("div", (total, float(max(count - correction, 0))), kept, x.dtype, src)
+
+
+def layer_norm(b: Builder, x: Node, rank: int, weight: Optional[Node], bias: Optional[Node], eps: float,
+               dtypes: Sequence[torch.dtype], src: str) -> list[Node]:
+    """native_layer_norm (F.layer_norm, nn.LayerNorm) over the last `rank` dimensions: (x - mean) * rsqrt(var +
+    eps) * weight + bias, then the mean and rstd, in `dtypes`."""
+    mean, dev, var = moments(b, x, list(range(len(x.shape) - rank, len(x.shape))), 0, src)
+    rstd = b.add("rsqrt", (b.add("add", (var, eps), var.shape, var.dtype, src),), var.shape, var.dtype, src)
+    y = b.add("mul", (dev, rstd), dev.shape, dev.dtype, src)
+    for p, op in ((weight, "mul"), (bias, "add")):
+        if p is not None:
+            y = b.add(op, (y, _to(b, p, y.dtype, src)), y.shape, y.dtype, src)
+    return [_to(b, n, d, src) for n, d in zip((y, mean, rstd), dtypes)]
+
+
+def var_mean(b: Builder, x: Node, dims: list[int], correction: float, vals: Sequence[Any], src: str) -> list[Node]:
+    """torch.var_mean: the variance with `correction` and the mean, shaped and typed as eager's `vals`."""
+    mean, _, var = moments(b, x, dims, correction, src)
+    out = []
+    for n, v in zip((var, mean), vals):
+        shape = tuple(v.shape)
+        kept = n if len(n.shape) == len(shape) and all(map(same, n.shape, shape)) else \
+            b.add("reshape", (n,), shape, n.dtype, src)
+        out.append(_to(b, kept, v.dtype, src))
+    return out
