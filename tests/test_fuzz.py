@@ -442,6 +442,14 @@ FOUND = [
          expand="expand", scale=0.25, cap=30.0, slope=-0.5, mask="causal", width=7, apply="additive", float_probs=True,
          stats=("colmax",), threshold=2.0, seed=16398, config=2, fill="-1e9", mask_from="ones", gate=True,
          pack="list", scale_from="default"),
+    # float32 scores of up to 60 (a cap of 30 and ALiBi) plus an additive -1e9 band mask, Gumbel noise with a planted
+    # inf, 61 queries on 5 keys: most rows are fully masked, and eager's s - 1e9 rounds them to multiples of 64,
+    # which decides their softmax; the exp2 fold scaled the sum by log2 e (a grid of 88.7) and missed eager by 8e-2,
+    # a hair farther from float64 than eager; an exp whose float32 sum meets a constant of 2^10 or more is unscaled
+    Spec("softmax", batch=1, heads=1, kv_heads=1, q_len=61, kv_len=5, dim=16, dtype=torch.float32, layout="bshd",
+         expand="expand", scale=1.0, cap=30.0, slope=-0.5, mask="band", width=1, apply="additive", float_probs=True,
+         stats=("rowsum", "rowcount"), threshold=1.0, feature="ea", noise=True, plant=math.inf, seed=16522,
+         config=4, fill="-1e9", mask_from="ones", pack="args", scale_from="kwarg"),
 ]
 
 
@@ -454,7 +462,8 @@ FOUND_IDS = ["colmax_fully_masked_rows", "fp16_large_scores", "bf16_linear", "si
              "eager_bf16_matmul_spreads_a_nan_row", "fp16_rope_gqa_colsum_float32", "fp16_rope_rowmaxval_float32",
              "fp16_rope_colvar_float32", "folded_early_exit_loops",
              "bf16_capped_masked_sum", "bf16_capped_hf_mask_gpu", "ptxas_two_stage_narrow_dot",
-             "fp16_threshold_rounded_as_eager", "gate_totals_key_unified"]
+             "fp16_threshold_rounded_as_eager", "gate_totals_key_unified",
+             "additive_1e9_rounds_fully_masked_rows"]
 
 # Finds not fixed yet, each failing as the comment says (a strict xfail: the test fails once one passes, and it
 # then moves to FOUND); the campaign skips them, so that it reports new failures.

@@ -197,6 +197,31 @@ def test_an_fp16_mask_input_rounds_fully_masked_rows_as_eager():
     _check(_with_mask_input, [q, k, v, mask])
 
 
+def _bert_padding_causal(fill):
+    def fn(q, k, v, attention_mask):
+        """The extended-mask idiom of BERT-era code, `(1.0 - mask) * fill` with fill -10000.0 or -1e9, on float32
+        scores that ALiBi makes large, plus a causal mask the same way: a left-padded row sees no key."""
+        s = q @ k.transpose(-1, -2) / math.sqrt(D)
+        s = s - 0.5 * (torch.arange(S)[:, None] - torch.arange(S)[None, :]).abs()
+        s = s + (1.0 - attention_mask[:, None, None, :].float()) * fill
+        s = s + torch.ones(S, S).triu(1) * fill
+        return torch.softmax(s, dim=-1) @ v
+    return fn
+
+
+@pytest.mark.parametrize("fill", [-10000.0, -1e9])
+def test_a_fully_masked_row_rounds_on_the_constants_grid_as_eager(fill):
+    """float32 rounds s + fill to multiples of |fill| * 2^-23 (1e-3 for -10000, 64 for -1e9), which decides eager's
+    fully masked rows: the kernels keep that sum as eager computes it (log2 e is not folded into it) and match
+    eager there to float32's tolerance."""
+    q, k, v = _inputs(torch.float32, 11)
+    attention_mask = torch.ones(B, S, dtype=torch.long)
+    attention_mask[0, :30] = 0
+    fn = _bert_padding_causal(fill)
+    out = ft.compile(fn, cache=False)(q, k, v, attention_mask)
+    assert_close(out, fn(q, k, v, attention_mask))
+
+
 # ---- disjunctions: attention sinks and a sliding window ---------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

@@ -30,6 +30,9 @@ LOG2E = 1.0 / math.log(2.0)
 # the largest constant a fold may create: half float32's range, so the scaled scores it meets in a sum stay finite
 # (finfo(float32).min * log2 e is past float32's range: an HF mask folded so would be -inf, or an fp64 literal)
 LIMIT = 2.0 ** 126
+# the smallest constant whose float32 sums a fold may not rescale: float32 rounds c + x on a grid of |c| * 2^-23,
+# which decides eager's fully masked rows (s - 1e9 rounds s to multiples of 64; s - 1e4 to 1e-3)
+COARSE = 2.0 ** 10
 _HALF = (torch.float16, torch.bfloat16)
 
 
@@ -170,10 +173,27 @@ def largest(x, c: float = 1.0) -> float:
     return 0.0
 
 
-def _unscalable(g: LoopGraph) -> set[int]:
-    """Exps whose argument holds a constant or an input that folding log2 e into it could push past LIMIT: they stay
-    exp2(x * log2 e), with the multiply after the subtraction of the max, where every value is finite."""
-    return {id(n) for n in g.nodes if n.op == "exp" and largest(n.args[0], LOG2E) > LIMIT}
+def _coarse(x, through_half: bool) -> bool:
+    """Whether x, along the factor's path, adds a constant or input of magnitude COARSE or more to a moderate value
+    in float32: the sum's rounding, which a fully masked row's result depends on in eager (its scores are all
+    near the constant), would move with the grid if log2 e were folded in. The softmax's own subtraction of the
+    row max (both sides near the constant) rounds alike either way."""
+    if not isinstance(x, LNode) or _opaque(x, through_half) or not x.dtype.is_floating_point:
+        return False
+    a = x.op in ("add", "sub") and [largest(y) for y in x.args]
+    if a and max(a) >= COARSE > min(a):
+        return True
+    if x.op in ("add", "sub", "neg", "cast") or (x.op in ("mul", "div") and len(x.inputs) == 1):
+        return any(_coarse(y, through_half) for y in x.inputs)
+    return x.op == "where" and any(_coarse(y, through_half) for y in x.inputs[1:])
+
+
+def _unscalable(g: LoopGraph, through_half: bool) -> set[int]:
+    """Exps whose argument holds a constant or an input that folding log2 e into it could push past LIMIT, or whose
+    rounding it would change (`_coarse`): they stay exp2(x * log2 e), with the multiply after the subtraction of
+    the max, where every value is finite and rounded as eager rounds it."""
+    return {id(n) for n in g.nodes
+            if n.op == "exp" and (largest(n.args[0], LOG2E) > LIMIT or _coarse(n.args[0], through_half))}
 
 
 def _reductions_under_exp(g: LoopGraph, through_half: bool, exps: set[int]) -> set[int]:
@@ -201,7 +221,7 @@ def fold_exp2(g: LoopGraph, through_half: bool) -> LoopGraph:
         return g
     f = _Folder(through_half)
     exps = {id(n) for n in g.nodes if n.op == "exp"}
-    f.unscalable = _unscalable(g)
+    f.unscalable = _unscalable(g, through_half)
     feeds = _reductions_under_exp(g, through_half, exps - f.unscalable) - \
         _reductions_under_exp(g, through_half, f.unscalable)
     for n in g.nodes:
