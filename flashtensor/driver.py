@@ -34,16 +34,16 @@ from .codegen.normalisers import folded_normalisers
 from .codegen.spec import KernelSpec
 from .frontend.capture import capture, fallback_notes
 from .ir import sizes
-from .ir.graph import Graph
+from .ir.graph import Graph, Node
 from .ir.loops import LNode, LoopGraph, LOutput, stored
 from .ir.reasons import reason
 from .options import Options, TileConfig
-from .partition.fusable import eager_handoff, fusable_part
+from .partition.fusable import eager_handoff, fusable_part, prologue_names
 from .partition.plan import KernelPlan, PartitionError, check_boundaries, partitions
 from .runtime import cache as plan_cache
 from .runtime.autotune import call_ms, candidates, compile_all, timed, tune
 from .runtime.launch import Launch, input_buffers
-from .runtime.plan import Plan, Program
+from .runtime.plan import Plan, Program, before_kernels
 from .runtime.remainder import compiles_remainder
 from .schedule.describe import describe
 from .schedule.schedule import MAX_WHOLE, Schedule, ScheduleError, build_schedule, schedulable
@@ -163,8 +163,10 @@ def _emit(plan: Plan, call: Call) -> dict[int, list[KernelSpec]]:
 def _tune(plan: Plan, call: Call) -> tuple[int, list[Launch]]:
     """Emit and tune each candidate's kernels in plan order, running each so the next sees its results, and
     keep the candidate whose kernels take least time in all."""
-    bufs = input_buffers(list(call.example) + [c.to(call.device) for c in plan.stages["constants"]],
-                         call.sizes(plan.captured))
+    now = call.sizes(plan.captured)
+    prologue = before_kernels(plan.decomposed, _before(plan), False)
+    before = prologue(call.example, {}, now) if prologue is not None else []
+    bufs = input_buffers(list(call.example) + before + [c.to(call.device) for c in plan.stages["constants"]], now)
     specs = plan.stages["emit"]
     start = time.perf_counter()
     offered = len(specs)
@@ -190,6 +192,12 @@ def _tune(plan: Plan, call: Call) -> tuple[int, list[Launch]]:
     progress.info("chose %d kernel(s)%s, planned in %.1f s", len(best[2]),
                   f", {best[0]:.3f} ms" if best[0] else "", time.perf_counter() - start)
     return best[1], best[2]
+
+
+def _before(plan: Plan) -> list[Node]:
+    """The decomposed graph's ops that run in eager before the kernels, whose values the kernels read."""
+    names = {n.name: n for n in plan.decomposed.nodes}
+    return [names[k] for k in prologue_names(plan.stages["fusable"])]
 
 
 def _compiled_candidates(specs: Mapping[int, list[KernelSpec]], configs: Sequence[TileConfig], bufs: dict,
@@ -239,8 +247,9 @@ def build(fn: Callable, args: list[Any], options: Options = Options(), warned: O
                 frozenset((where[i], d) for i, d in dynamic if i in where))
     plan = Plan()
     _run(FRONT, plan, call)
-    notes = fallback_notes(plan.captured)
-    device, fused = call.device, plan.stages["fusable"]
+    fused = plan.stages["fusable"]
+    notes = fallback_notes(plan.captured, frozenset(f"{n.attrs['fn']} at {n.source}" for n in _before(plan)))
+    device = call.device
     program = _programs(plan, positions, device, fn, compiles_remainder(device, options.compile_remainder))
 
     if options.kernels and not (device.type == "cuda" or (device.type == "cpu" and knobs.interpret())):
@@ -284,7 +293,7 @@ def retune(prog: Program, args: list[Any], options: Options) -> Optional[Program
     env = plan.captured.shape_env
     guards = len(env.guards)
     chosen = plan.stages["tune"][0]
-    bufs = input_buffers(tensors + prog.consts, now)
+    bufs = input_buffers(prog.kernel_inputs(tensors, now), now)
     specs = [dataclasses.replace(spec, sizes=now) for spec in plan.stages["emit"][chosen]]
     found = _compiled_candidates({chosen: specs}, options.configs, bufs, prog.device)
     launches = []
@@ -455,7 +464,7 @@ def _search(plan: Plan, call: Call) -> tuple[dict, bool]:
             "sizes": dict(g.size_sources), "guards": sizes.guards(g.shape_env) if g.shape_env else "True",
             "static": _static_sizes(call.example, g.size_sources),
             "bucket": list(sizes.bucket(call.sizes(g))),
-            "consts": [c.cpu() for c in plan.stages["constants"]],
+            "consts": [c.cpu() for c in plan.stages["constants"]], "prologue": prologue_names(fused),
             "results": [(n.name, ("out", i)) for i, n in enumerate(fused.outputs)], "notes": [],
             "summary": summary}, True
 

@@ -69,6 +69,8 @@ class Spec:
     mask_from: str = "iota"           # iota (index comparisons) | ones (torch.ones(Sq, Skv, dtype=bool).triu/tril)
     pad: int = 0                      # apply "input": each sequence's keys left-padded by up to this many
     rope: bool = False                # q and k rotated by rotate_half (slices and torch.cat), cos/sin as inputs
+    rope_by: str = "slice"            # the tables' rows: slice (the last lengths') | index (by an int64 input of
+    #                                   position ids, as transformers did before 4.38: run before the kernels)
     gate: bool = False                # a forget gate (float32 logits per key, q_len <= kv_len): the scores plus the
     #                                   running total of logsigmoid(gate) from the key to the query (the Forgetting
     #                                   Transformer's)
@@ -92,7 +94,8 @@ def output_names(spec: Spec) -> tuple[str, ...]:
 
 def extra_names(spec: Spec) -> tuple[str, ...]:
     """The inputs after q, k and v, in the order the program takes them."""
-    return ("u",) * spec.noise + ("mask",) * (spec.apply == "input") + ("cos", "sin") * spec.rope + ("gate",) * spec.gate
+    return ("u",) * spec.noise + ("mask",) * (spec.apply == "input") + ("cos", "sin") * spec.rope + \
+        ("position_ids",) * (spec.rope and spec.rope_by == "index") + ("gate",) * spec.gate
 
 
 def _expand_heads(x: torch.Tensor, spec: Spec) -> torch.Tensor:
@@ -199,7 +202,10 @@ def prepared(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extr
     if spec.layout == "bshd":
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     if "cos" in extra:
-        q, k = _rope(q, extra["cos"], extra["sin"]), _rope(k, extra["cos"], extra["sin"])
+        cos, sin = extra["cos"], extra["sin"]
+        if "position_ids" in extra:
+            cos, sin = cos[extra["position_ids"]], sin[extra["position_ids"]]
+        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
     return q, _expand_heads(k, spec), _expand_heads(v, spec)
 
 
@@ -294,6 +300,8 @@ def inputs(spec: Spec) -> tuple[torch.Tensor, ...]:
         freq = 10000.0 ** (-torch.arange(0, spec.dim, 2, dtype=torch.float32) / spec.dim)
         angle = torch.cat((pos * freq, pos * freq), dim=-1)
         out += [angle.cos().to(DEVICE, spec.dtype), angle.sin().to(DEVICE, spec.dtype)]
+        if spec.rope_by == "index":
+            out.append(torch.arange(len(pos), device=DEVICE))
     if spec.gate:
         out.append((2 + torch.randn(spec.batch, spec.heads, spec.kv_len, generator=g)).to(DEVICE))
     return tuple(out)
@@ -356,6 +364,7 @@ def specs(draw) -> Spec:
         plant=draw(st.sampled_from([None, None, 0.0, -1.0, math.nan, 1e-40, math.inf])) if noise else None,
         fill=draw(st.sampled_from(fills)), mask_from=draw(st.sampled_from(["iota", "ones"])),
         pad=draw(st.integers(0, kv_len - 1)) if apply == "input" else 0,
-        rope=draw(st.sampled_from([False] * 5 + [True])),
+        rope=(rope := draw(st.sampled_from([False] * 5 + [True]))),
+        rope_by=draw(st.sampled_from(["slice", "index"])) if rope else "slice",
         gate=draw(st.sampled_from([False] * 5 + [True])) and q_len <= kv_len,     # queries at the last q_len keys
         eps=draw(st.sampled_from([1e-6, 1e-9])), **common)

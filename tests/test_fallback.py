@@ -16,6 +16,7 @@ import torch.nn.functional as F
 import flashtensor as ft
 from conftest import assert_close
 from flashtensor import FallbackWarning
+from flashtensor.bench import held
 from flashtensor.ir import ops
 
 HERE = Path(__file__).name
@@ -161,6 +162,71 @@ def test_remainder_falls_back_to_the_evaluator_where_torch_compile_fails(evaluat
         assert_close(compiled(q, k, v), attention_then_running_total(q, k, v))
     assert prog.remainder.compiled is None and "torch.compile of the eager remainder failed" in caplog.text
     assert "opaque" in evaluated
+
+
+# ---- ops without a lowering before the kernels ---------------------------------------------------
+
+def rotate_half(x):
+    return torch.cat((-x[..., x.shape[-1] // 2:], x[..., : x.shape[-1] // 2]), dim=-1)
+
+
+def llama_rope_by_position_ids(q, k, v, cos, sin, position_ids):
+    """transformers' apply_rotary_pos_emb before 4.38: the tables indexed by position ids inside the attention."""
+    cos, sin = cos[position_ids].unsqueeze(1), sin[position_ids].unsqueeze(1)
+    q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+    s = q @ k.transpose(2, 3) / math.sqrt(q.shape[-1])
+    s = s + torch.full((s.shape[-1], s.shape[-1]), torch.finfo(s.dtype).min, dtype=s.dtype).triu(1)
+    return torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype) @ v
+
+
+def t5_bucketed_bias(q, k, v, table):
+    """T5's relative position buckets computed inside, then its bias table looked up by F.embedding."""
+    pos = torch.arange(q.shape[-2], dtype=torch.long)
+    rel = pos[None, :] - pos[:, None]
+    buckets = (rel > 0).to(torch.long) * 8 + torch.clamp(rel.abs(), max=7)
+    bias = F.embedding(buckets, table).permute([2, 0, 1]).unsqueeze(0)
+    return torch.softmax((q @ k.transpose(3, 2) + bias).float(), dim=-1).type_as(q) @ v
+
+
+def attention_over_gathered_keys(q, k, v, idx):
+    """Attention over a selected subset of the keys (gathered by index), with the column sums of its weights."""
+    pick = idx[..., None].expand(-1, -1, -1, k.shape[-1])
+    ks, vs = torch.gather(k, 2, pick), torch.gather(v, 2, pick)
+    p = torch.softmax(q @ ks.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1)
+    return p @ vs, p.sum(dim=-2)
+
+
+def _before_kernels_inputs(fn, dtype, S=40):
+    q, k, v = qkv(1, 2, S, 16, dtype=dtype)
+    if fn is llama_rope_by_position_ids:
+        angles = torch.arange(64.0)[:, None] / 10000 ** (torch.arange(0, 16, 2.0) / 16)
+        emb = torch.cat((angles, angles), dim=-1)
+        return q, k, v, emb.cos().to(dtype), emb.sin().to(dtype), torch.arange(S)[None] + 3
+    if fn is t5_bucketed_bias:
+        return q, k, v, torch.randn(16, 2).to(dtype)
+    return q, k, v, torch.randint(0, S, (1, 2, 24), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("fn", [llama_rope_by_position_ids, t5_bucketed_bias, attention_over_gathered_keys],
+                         ids=lambda f: f.__name__)
+def test_an_op_without_a_lowering_on_the_inputs_runs_before_the_kernels(fn, dtype):
+    """An index, an embedding lookup or a gather of the inputs runs in eager before the kernels, which read its
+    value: the attention after it fuses (it all ran in eager before), with one note saying so; the same callable
+    serves another length through a generic plan."""
+    args = _before_kernels_inputs(fn, dtype)
+    compiled = ft.compile(fn, cache=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = compiled(*args)
+    assert all(m.ok for m in held.check_outputs(fn, args, out, fn(*args)))    # the float64 rule for bf16
+    notes = [str(w.message) for w in caught if w.category is FallbackWarning]
+    assert len(notes) == 1 and "before the kernels, which read its value" in notes[0], notes
+    prog = program(compiled)
+    assert prog.launches and len(prog.before) >= 1
+    longer = _before_kernels_inputs(fn, dtype, S=56)
+    assert all(m.ok for m in held.check_outputs(fn, longer, quiet(compiled, *longer), fn(*longer)))
+    assert all(p.launches for p in compiled.programs.values())
 
 
 # ---- a score-sized value handed to eager: the whole program as written ---------------------------

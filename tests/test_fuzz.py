@@ -27,6 +27,7 @@ import flashtensor as ft
 from conftest import each_partition
 from flashtensor import FallbackWarning
 from flashtensor.api.compiled import Compiled
+from flashtensor.bench import held
 from flashtensor.options import CONFIGS
 from flashtensor.runtime.plan import Program
 from flashtensor.testing import as_tuple, compare, compare_with_exact
@@ -60,12 +61,13 @@ TALLY: Counter = Counter()
 
 
 def outcome(progs: list[Program]) -> str:
-    """fused (every piece in kernels), partial (some piece in eager) or fallback (all eager; also a call that
-    requires grad, which plans nothing). A fallback caused by a compiler bug (the driver catches it to keep the
-    answer right) fails the test; so does a changed scale that changes what fuses."""
+    """fused (every piece in kernels, but ops on the inputs that run before them), partial (some piece in eager) or
+    fallback (all eager; also a call that requires grad, which plans nothing). A fallback caused by a compiler bug
+    (the driver catches it to keep the answer right) fails the test; so does a changed scale that changes what
+    fuses."""
     bugs = [n for p in progs for n in p.notes if n.startswith("internal compiler error")]
     assert not bugs, bugs
-    kinds = {"fallback" if not p.launches else "partial" if p.notes else "fused" for p in progs}
+    kinds = {held.outcome(p) for p in progs}
     assert len(kinds) <= 1, kinds
     return kinds.pop() if kinds else "fallback"
 
@@ -77,7 +79,7 @@ def as_read(spec: Spec, args: tuple) -> list[torch.Tensor]:
 
 def exact_args(spec: Spec, args: tuple) -> list[torch.Tensor]:
     """The inputs in float64 for the exact reference, as the program reads them."""
-    return [a.detach().double() for a in as_read(spec, args)]
+    return [a.detach().double() if a.is_floating_point() else a.detach() for a in as_read(spec, args)]
 
 
 def _probs(spec: Spec, xs: list[torch.Tensor], scale: float) -> torch.Tensor:

@@ -58,7 +58,8 @@ def kernel_times(prog: Program, args: tuple, rep: int) -> list[tuple[KernelSourc
     from triton.testing import do_bench
 
     from flashtensor.runtime.launch import run_kernels
-    bufs = run_kernels(prog.launches, [args[i] for i in prog.tensor_positions] + prog.consts, args[0].device)
+    bufs = run_kernels(prog.launches, prog.kernel_inputs([args[i] for i in prog.tensor_positions], None),
+                       args[0].device)
     return [(la.source, do_bench(lambda: la(bufs), warmup=10, rep=rep, return_mode="median")) for la in prog.launches]
 
 

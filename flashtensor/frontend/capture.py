@@ -151,11 +151,19 @@ def capture(fn: Callable, args: Sequence[torch.Tensor], dynamic: frozenset[tuple
     return whole(fn, args, why)      # a bug costs the user speed, not the answer
 
 
-def fallback_notes(g: Graph) -> list[str]:
-    """What runs in eager PyTorch, once per op and source line (the outputs of one call are one note)."""
-    return list(dict.fromkeys(n.attrs.get("note") or f"no lowering for {n.attrs['fn']} at "
-                              f"{n.source or 'unknown source'}; it and what depends on it run in eager PyTorch"
-                              for n in g.nodes if n.op == "opaque"))
+BEFORE_KERNELS = "it runs in eager PyTorch before the kernels, which read its value"
+
+
+def fallback_notes(g: Graph, before: frozenset[str] = frozenset()) -> list[str]:
+    """What runs in eager PyTorch, once per op and source line (the outputs of one call are one note); the calls
+    named in `before` (partition.fusable.prologue's, by op and source line) run before the kernels, which read
+    their values."""
+    def note(n: Node) -> str:
+        at = f"no lowering for {n.attrs['fn']} at {n.source or 'unknown source'}"
+        if f"{n.attrs['fn']} at {n.source}" in before:
+            return f"{at}; {BEFORE_KERNELS}"
+        return n.attrs.get("note") or f"{at}; it and what depends on it run in eager PyTorch"
+    return list(dict.fromkeys(note(n) for n in g.nodes if n.op == "opaque"))
 
 
 def from_fx(gm: torch.fx.GraphModule, calls: Sequence[tuple[Any, str]], returns: Returns) -> Graph:

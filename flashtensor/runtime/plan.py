@@ -74,8 +74,10 @@ class Program:
         self.consts = [c.to(device) for c in plan.entry.get("consts", [])]
         self.launches = [Launch(k, load_kernel(k)) for k in self.kernels]
         self.results: list[tuple[Node, tuple]] = [(nodes[name], k) for name, k in plan.entry.get("results", [])]
-        self.remainder = None if plan.eager else Remainder(g, [n for n, _ in self.results], compile_remainder and
-                                                           not plan.entry.get("evaluate_remainder", False))
+        compiles = compile_remainder and not plan.entry.get("evaluate_remainder", False)
+        self.before = [nodes[name] for name in plan.entry.get("prologue", [])]
+        self.prologue = before_kernels(g, self.before, compiles)
+        self.remainder = None if plan.eager else Remainder(g, [n for n, _ in self.results] + self.before, compiles)
         self.device = device
         self.compile_remainder = compile_remainder
         self.size_sources: dict[str, tuple[int, int]] = plan.entry.get("sizes", {})
@@ -120,6 +122,11 @@ class Program:
     def cached(self) -> bool:
         return self.plan.cached
 
+    def kernel_inputs(self, tensors: Sequence[torch.Tensor], sizes: Optional[dict[str, int]]) -> list[torch.Tensor]:
+        """What the kernels read: the program's tensors, the values of the ops run before them, the constants."""
+        before = self.prologue(tensors, {}, sizes) if self.prologue is not None else []
+        return list(tensors) + before + self.consts
+
     def run(self, args: Sequence[Any]) -> Any:
         if self.remainder is None:
             return self.fn(*args)
@@ -127,6 +134,14 @@ class Program:
         at = self.at(tensors)
         assert at is not None, "a program ran at sizes it does not serve"
         now = at[0]
-        bufs = run_kernels(self.launches, list(tensors) + self.consts, tensors[0].device, now)
-        outs = self.remainder(tensors, {n: bufs[k] for n, k in self.results}, now)
+        ins = self.kernel_inputs(tensors, now)
+        bufs = run_kernels(self.launches, ins, tensors[0].device, now)
+        env = {n: bufs[k] for n, k in self.results}
+        env.update(zip(self.before, ins[len(tensors):]))
+        outs = self.remainder(tensors, env, now)
         return self.plan.decomposed.result(outs)
+
+
+def before_kernels(g: Graph, before: list[Node], compiled: bool) -> Optional[Remainder]:
+    """The eager evaluation of the ops that run before the kernels (partition.fusable.prologue), None if none."""
+    return Remainder(Graph(g.inputs, before, g.nodes), [], compiled) if before else None
