@@ -26,7 +26,7 @@ from ..ir.graph import Builder, Graph, Node, Returns
 from ..ir.ops import ELEMENTWISE, GROUP, TENSOR, Group, scalar
 from ..ir.sizes import same
 from . import layout, norms, pooling, scan
-from .eager import EagerOnly, name, raise_if_eager_rejects, torch_logs_to_debug, whole, why_untraced
+from .eager import EagerOnly, raise_if_eager_rejects, torch_logs_to_debug, whole, why_untraced
 from .scatter import scatter
 from .source import SourceRecorder
 from .symbolic import Matmuls, fixed_sizes, size_oblivious, size_sources, symbolic_inputs
@@ -73,10 +73,11 @@ def trace(fn: Callable, args: Sequence[torch.Tensor], dynamic: frozenset[tuple[i
     if why:
         raise_if_eager_rejects(fn, args)
         raise EagerOnly(why)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for n in gm.graph.nodes:
         if n.op == "call_function" and n.target == aten.copy_.default and n.args[0].op == "placeholder":
-            raise CaptureError(f"{name(fn)} writes into its input {n.args[0].name}; FlashTensor "
-                               "compiles functions that return new tensors (call this one directly)")
+            # eager's write must reach the caller's tensor (a static KV cache's index_copy_): run the function
+            raise EagerOnly(f"it writes into its tensor argument {placeholders.index(n.args[0]) + 1} in place")
     return gm, rec.calls, returns[-1]
 
 

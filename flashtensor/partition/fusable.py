@@ -25,7 +25,7 @@ def prologue(g: Graph) -> list[Node]:
     inputs, so what depends on them still fuses."""
     early: set[Node] = set()
     for n in g.nodes:
-        if (n.op in (Op.OPAQUE, Op.INPUT) or GROUP[n.op] in _BEFORE) and all(a in early for a in n.inputs):
+        if (n.op == Op.OPAQUE or GROUP[n.op] in _BEFORE) and all(a in early for a in n.inputs):
             early.add(n)
     heavy: set[Node] = set()       # nodes a reduction or contraction depends on
     for n in reversed(g.nodes):
