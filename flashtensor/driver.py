@@ -250,7 +250,9 @@ def build(fn: Callable, args: list[Any], options: Options = Options(), warned: O
     fused = plan.stages["fusable"]
     notes = fallback_notes(plan.captured, frozenset(f"{n.attrs['fn']} at {n.source}" for n in _before(plan)))
     device = call.device
-    program = _programs(plan, positions, device, fn, compiles_remainder(device, options.compile_remainder))
+    compiles = compiles_remainder(device, options.compile_remainder)
+    unfused = torch.compile(fn) if options.compile_unfused and compiles else fn
+    program = _programs(plan, positions, device, unfused, compiles)
 
     if options.kernels and not (device.type == "cuda" or (device.type == "cpu" and knobs.interpret())):
         notes.append(f"inputs on {device}: generated kernels run on CUDA devices (on the CPU only under "
@@ -261,7 +263,7 @@ def build(fn: Callable, args: list[Any], options: Options = Options(), warned: O
             notes.append(handoff)
         else:
             _plan(plan, call, args, options.cache and knobs.cache(),
-                  lambda entry: _priced(plan, entry, program, fn, args, call_ms))
+                  lambda entry: _priced(plan, entry, program, unfused, args, call_ms))
     plan.entry["notes"] = list(dict.fromkeys(notes + plan.entry.get("notes", [])))
     if warned is not None:
         warn_notes(plan.notes, warned)

@@ -62,6 +62,29 @@ def test_backend_workload_matches_eager(name, compiled_by_backend):
     assert sum(len(p.kernels) for p in programs) >= 1, [p.notes for p in programs]
 
 
+def sort_then_scale(x):
+    values, order = torch.sort(x, dim=-1)      # no lowering, and only elementwise ops after it: nothing fuses
+    return values * 2.0, order
+
+
+def test_the_backend_runs_a_graph_with_nothing_fused_through_inductor(compiled_by_backend, monkeypatch):
+    """Where remainders are compiled (CUDA devices; forced here), a graph the backend fuses nothing of (a whole
+    model's, say) runs through Inductor, not eager: its user asked for torch.compile. ft.compile keeps calling
+    the function itself, as its user wrote it."""
+    monkeypatch.setattr(flashtensor.driver, "compiles_remainder", lambda device, asked: True)
+    x = torch.randn(5, 12)
+    direct = ft.compile(sort_then_scale, cache=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FallbackWarning)
+        out = torch.compile(sort_then_scale, backend="flashtensor")(x)
+        direct(x)
+    assert all(torch.equal(o, r) for o, r in zip(out, sort_then_scale(x)))
+    (prog,) = [p for c in compiled_by_backend for p in c.programs.values()]
+    assert not prog.launches and hasattr(prog.fn, "_torchdynamo_orig_callable")
+    (mine,) = direct.programs.values()
+    assert mine.fn is not None and not hasattr(mine.fn, "_torchdynamo_orig_callable")
+
+
 def attention_with_logcumsumexp(q, k, v):
     """Attention plus a running log-sum-exp of column sums: logcumsumexp has no fused lowering."""
     p = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1)

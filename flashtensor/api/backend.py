@@ -2,7 +2,8 @@
 
 Importing flashtensor registers the backend; an installed package also declares it under the
 `torch_dynamo_backends` entry point, which torch loads by itself. Ops without a fused lowering in
-Dynamo's graph run in eager PyTorch, exactly as under `ft.compile` (README, Fallback).
+Dynamo's graph run as under `ft.compile` (README, Fallback), except that on CUDA devices a graph with nothing
+fused (a whole model's, say) runs through Inductor rather than eager: its user asked for torch.compile.
 """
 from __future__ import annotations
 
@@ -34,10 +35,10 @@ def flashtensor_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[torch
                 full[i] = full[j].shape[d]
             return gm(*full)
         of_tensors.__name__ = "forward"
-        compiled = ft_compile(of_tensors)
+        compiled = ft_compile(of_tensors, compile_unfused=True)
         compiled.dims = frozenset((tensors.index(j), d) for j, d in dims)
     else:
-        compiled = ft_compile(gm.forward)
+        compiled = ft_compile(gm.forward, compile_unfused=True)
     if not numbers and not sizes:
         return compiled
 
