@@ -1,7 +1,8 @@
 """Hugging Face models and kvpress presses on FlashTensor (flashtensor.integrations), end to end on the CPU: tiny
-randomly initialised Llama, Qwen3 and Gemma2 models (2 layers, hidden 64, 4 query heads on 2 KV heads, head_dim
-16; Gemma2 with a sliding window of 8 and a soft-cap of 2) on a left-padded batch of 2 fresh random prompts of 24
-tokens. Every compiled program must have run generated kernels, not a fallback."""
+randomly initialised Llama, Qwen3, Gemma2, Mistral and Qwen2 models (2 layers, hidden 64, 4 query heads on 2 KV
+heads, head_dim 16; Gemma2 with a sliding window of 8 and a soft-cap of 2, Mistral with a sliding window of 8) on a
+left-padded batch of 2 fresh random prompts of 24 tokens. Every compiled program must have run generated kernels,
+not a fallback."""
 import copy
 import runpy
 import sys
@@ -19,8 +20,10 @@ from transformers import (
     DynamicCache,
     Gemma2Config,
     LlamaConfig,
+    MistralConfig,
     PreTrainedModel,
     PreTrainedTokenizerFast,
+    Qwen2Config,
     Qwen3Config,
 )
 
@@ -38,6 +41,8 @@ CONFIGS = {
     "qwen3": lambda: Qwen3Config(**TINY),
     "gemma2": lambda: Gemma2Config(**TINY, sliding_window=8, query_pre_attn_scalar=16, attn_logit_softcapping=2.0,
                                    final_logit_softcapping=30.0),
+    "mistral": lambda: MistralConfig(**TINY, sliding_window=8),
+    "qwen2": lambda: Qwen2Config(**TINY),
 }
 PRESSES = {     # the press's fields besides compression_ratio; windows shorter than the prompt
     "ObservedAttentionPress": {},
@@ -243,6 +248,9 @@ def test_press_keeps_eagers_keys_and_tokens(name, press, monkeypatch):
     """kvpress's press on the eager model against FlashTensor's (the one changed import) on an SDPA model: the same
     scores (1e-4), the same keys kept in every layer, the same tokens decoded from the compressed cache; prefill ran
     the compiled program with the press's statistic, and kvpress never recomputed window attention eagerly."""
+    if name == "mistral" and press == "PyramidKVPress":
+        pytest.skip("transformers builds one sliding-window mask for all of Mistral's layers from the first layer's "
+                    "cache, which PyramidKV's per-layer lengths cannot fit: decoding fails with kvpress's own press")
     eager, flash = _models(name, "eager", "sdpa")
     ids, mask = _prompts()
     ours = getattr(ft_kvpress, press)(compression_ratio=0.5, **PRESSES[press])
