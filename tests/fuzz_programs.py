@@ -71,6 +71,7 @@ class Spec:
     rope: bool = False                # q and k rotated by rotate_half (slices and torch.cat), cos/sin as inputs
     rope_by: str = "slice"            # the tables' rows: slice (the last lengths') | index (by an int64 input of
     #                                   position ids, as transformers did before 4.38: run before the kernels)
+    scores_by: str = "matmul"         # q @ k^T | einsum | baddbmm (into zeros, alpha the scale: GPT-NeoX's)
     gate: bool = False                # a forget gate (float32 logits per key, q_len <= kv_len): the scores plus the
     #                                   running total of logsigmoid(gate) from the key to the query (the Forgetting
     #                                   Transformer's)
@@ -142,8 +143,16 @@ def masked(spec: Spec, sq: Any, sk: Any, device: Any) -> Optional[torch.Tensor]:
 
 def probabilities(spec: Spec, q: torch.Tensor, k: torch.Tensor, extra: dict, scale: float) -> torch.Tensor:
     """The (B, H, Sq, Skv) probabilities of a softmax/sigmoid program; q, k in (B, H, S, D)."""
-    s = q @ k.transpose(-1, -2) * scale
     sq, sk = q.shape[-2], k.size(-2)      # the lengths as real code reads them: off the tensors
+    if spec.scores_by == "einsum":
+        s = torch.einsum("bhqd,bhkd->bhqk", q, k) * scale
+    elif spec.scores_by == "baddbmm":
+        b, h, d = q.shape[0], q.shape[1], q.shape[-1]
+        zeros = torch.zeros(b * h, sq, sk, dtype=q.dtype, device=q.device)
+        s = torch.baddbmm(zeros, q.reshape(b * h, sq, d), k.reshape(b * h, sk, d).transpose(1, 2), beta=1.0,
+                          alpha=scale).view(b, h, sq, sk)
+    else:
+        s = q @ k.transpose(-1, -2) * scale
     if spec.cap is not None:
         s = torch.tanh(s / spec.cap) * spec.cap
     if spec.slope is not None:
@@ -367,4 +376,5 @@ def specs(draw) -> Spec:
         rope=(rope := draw(st.sampled_from([False] * 5 + [True]))),
         rope_by=draw(st.sampled_from(["slice", "index"])) if rope else "slice",
         gate=draw(st.sampled_from([False] * 5 + [True])) and q_len <= kv_len,     # queries at the last q_len keys
-        eps=draw(st.sampled_from([1e-6, 1e-9])), **common)
+        eps=draw(st.sampled_from([1e-6, 1e-9])), scores_by=draw(st.sampled_from(["matmul", "matmul", "einsum", "baddbmm"])),
+        **common)
