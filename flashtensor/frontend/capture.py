@@ -368,7 +368,9 @@ def _var_mean(b, fx, args, kw, src, live):
     """torch.var_mean: eager's correction is 1 unless given."""
     x, correction = args[0], kw.get("correction")
     dims = _norm_dims(args[1] if len(args) > 1 else kw.get("dim"), len(x.shape))
-    return norms.var_mean(b, x, dims, 1 if correction is None else correction, fx.meta["val"], src)
+    mean, _, var = norms.moments(b, x, dims, 1 if correction is None else correction, src)
+    return [_cast(b, [_reshape(b, [n], {}, tuple(v.shape), n.dtype, src)], {}, tuple(v.shape), v.dtype, src)
+            for n, v in zip((var, mean), fx.meta["val"])]
 
 
 def _first_lowered(lower: Callable) -> Callable:

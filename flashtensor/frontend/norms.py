@@ -1,15 +1,14 @@
 """Capture rules' bodies for the normalisations that return several tensors: layer_norm's output, mean and rstd,
-and var_mean's variance and mean, built from primitives that fuse (QK-norm before attention). Half inputs are
+and the moments var_mean returns, built from primitives that fuse (QK-norm before attention). Half inputs are
 computed in float32, as eager computes them."""
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 
 from ..ir.graph import Builder, Node
 from ..ir.ops import WIDE
-from ..ir.sizes import same
 
 
 def _to(b: Builder, x: Node, dtype: torch.dtype, src: str) -> Node:
@@ -42,15 +41,3 @@ def layer_norm(b: Builder, x: Node, rank: int, weight: Optional[Node], bias: Opt
         if p is not None:
             y = b.add(op, (y, _to(b, p, y.dtype, src)), y.shape, y.dtype, src)
     return [_to(b, n, d, src) for n, d in zip((y, mean, rstd), dtypes)]
-
-
-def var_mean(b: Builder, x: Node, dims: list[int], correction: float, vals: Sequence[Any], src: str) -> list[Node]:
-    """torch.var_mean: the variance with `correction` and the mean, shaped and typed as eager's `vals`."""
-    mean, _, var = moments(b, x, dims, correction, src)
-    out = []
-    for n, v in zip((var, mean), vals):
-        shape = tuple(v.shape)
-        kept = n if len(n.shape) == len(shape) and all(map(same, n.shape, shape)) else \
-            b.add("reshape", (n,), shape, n.dtype, src)
-        out.append(_to(b, kept, v.dtype, src))
-    return out
