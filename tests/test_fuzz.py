@@ -452,6 +452,14 @@ FOUND = [
          expand="expand", scale=1.0, cap=30.0, slope=-0.5, mask="band", width=1, apply="additive", float_probs=True,
          stats=("rowsum", "rowcount"), threshold=1.0, feature="ea", noise=True, plant=math.inf, seed=16522,
          config=4, fill="-1e9", mask_from="ones", pack="args", scale_from="kwarg"),
+    # sigmoid scores handed to eager for their argmax, and their column max: the shape-generic plan (after 1 x 1,
+    # at 28 x 28) read the handed-over scores back in a kernel over keys looping over queries with the two heads
+    # held whole, a tile over three variables the emitter cannot build (an internal compiler error); the schedule's
+    # tile-rank check now covers an earlier kernel's value read back, and the heads go to the grid
+    Spec("sigmoid", batch=1, heads=2, kv_heads=2, q_len=1, kv_len=1, dim=32, dtype=torch.float16, cap=30.0,
+         mask="causal", width=1, apply="where", float_probs=True, stats=("argmax", "colmax"), threshold=1.0,
+         cast_inside=True, seed=35, config=1, fill="finfo", mask_from="ones", pack="list", scale_from="closure",
+         scale=0.17677669529663687),
 ]
 
 
@@ -465,7 +473,7 @@ FOUND_IDS = ["colmax_fully_masked_rows", "fp16_large_scores", "bf16_linear", "si
              "fp16_rope_colvar_float32", "folded_early_exit_loops",
              "bf16_capped_masked_sum", "bf16_capped_hf_mask_gpu", "ptxas_two_stage_narrow_dot",
              "fp16_threshold_rounded_as_eager", "gate_totals_key_unified",
-             "additive_1e9_rounds_fully_masked_rows"]
+             "additive_1e9_rounds_fully_masked_rows", "generic_colmax_reads_back_three_variables"]
 
 # Finds not fixed yet, each failing as the comment says (a strict xfail: the test fails once one passes, and it
 # then moves to FOUND); the campaign skips them, so that it reports new failures.
@@ -495,6 +503,12 @@ def test_programs_the_fuzzer_found(spec: Spec):
     """Each replayed at its own shape only: the campaign resizes every program it draws, and the resize step here
     cost CI 24 s on 2 cores for programs whose bugs were in exact-shape plans."""
     assert outcome(run_spec(spec, resize=False)) == "fused" or not expected_to_fuse(spec)
+
+
+def test_a_shape_generic_plan_reads_a_value_back_in_two_dimensional_tiles():
+    """generic_colmax_reads_back_three_variables with the campaign's resize step, whose shape-generic plan had the
+    bug: every call matches eager and no plan records an internal compiler error (run_spec checks both)."""
+    run_spec(FOUND[FOUND_IDS.index("generic_colmax_reads_back_three_variables")])
 
 
 @pytest.mark.parametrize("spec", FOUND, ids=FOUND_IDS)

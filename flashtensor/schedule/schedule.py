@@ -250,7 +250,7 @@ def _finish(plan, nodes, compute, boundary, batch, row, loop, whole, role, stepp
                 raise ScheduleError(f"{n.name}: a contraction with both free variables in the grid {batch}",
                                     "a matmul that would run one program per element of its result, without "
                                     "tl.dot", n.origin)
-    for n in compute:
+    for n in nodes:       # an earlier kernel's value read back counts too: its load is a tile like any other
         if id(n) not in dot_args and len(sched.tile_vars(n)) > 2:
             raise ScheduleError(f"{n.name} would need a tile over {sched.tile_vars(n)}",
                                 "a value outside a matmul would need a tile over three loop variables", n.origin)
