@@ -235,11 +235,13 @@ def _run(stages: list[tuple[str, Callable[[Plan, Call], Any]]], plan: Plan, call
 # ---- the driver ----------------------------------------------------------------------------------------------
 
 def build(fn: Callable, args: list[Any], options: Options = Options(), warned: Optional[set[str]] = None,
-          dynamic: frozenset[tuple[int, int]] = frozenset()) -> Program:
+          dynamic: frozenset[tuple[int, int]] = frozenset(), unfused: Optional[Callable] = None) -> Program:
     """Capture `fn` on `args` and plan it. Non-tensor arguments are baked in as constants. Each note is warned
     once per `warned` (the compiled callable's set of notes warned so far); none where `warned` is None (a trial
     plan, whose notes the caller reads). The (argument, dimension) pairs in `dynamic` are symbolic: the plan
-    serves every size its guards admit (`Program.fits`)."""
+    serves every size its guards admit (`Program.fits`). Where the program runs unfused (nothing fused, or priced
+    slower than the function), it calls `fn`, or `unfused` (the same function compiled by torch.compile: the
+    backend's) where the remainder would be compiled too."""
     tensor_fn, positions = _of_tensors(fn, args)
     example = [args[i] for i in positions]
     where = {p: k for k, p in enumerate(positions)}
@@ -251,7 +253,7 @@ def build(fn: Callable, args: list[Any], options: Options = Options(), warned: O
     notes = fallback_notes(plan.captured, frozenset(f"{n.attrs['fn']} at {n.source}" for n in _before(plan)))
     device = call.device
     compiles = compiles_remainder(device, options.compile_remainder)
-    unfused = torch.compile(fn) if options.compile_unfused and compiles else fn
+    unfused = unfused if unfused is not None and compiles else fn
     program = _programs(plan, positions, device, unfused, compiles)
 
     if options.kernels and not (device.type == "cuda" or (device.type == "cpu" and knobs.interpret())):

@@ -42,10 +42,6 @@ class Options:
     # on a GPU, time the plan against the function itself and run whichever is faster (False: the kernels, as
     # tests of the kernels want)
     eager_if_faster: bool = True
-    # where the remainder would be compiled (compile_remainder), torch.compile the function itself where it runs
-    # unfused (nothing fused, or priced faster than the plan): the torch.compile backend's graphs, whose users
-    # asked for torch.compile
-    compile_unfused: bool = False
     # shape-generic plans (kernels that take sizes as arguments): None, after a second shape of the same
     # program, in the dimensions that changed; True, from the first call, in every dimension but an input's last
     # where no other dimension has its size (api/compiled.py); False, never

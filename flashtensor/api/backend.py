@@ -24,21 +24,26 @@ def flashtensor_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[torch
     is generic in the dimensions Dynamo made symbolic, so a new length reuses it."""
     numbers = _numbers(gm)
     sizes, dims = _sizes(gm)
+    inductor = torch.compile(gm)      # compiled on its first call, if one comes: gm's own code, no other graph's
     if sizes:
         tensors = [i for i in range(len(example_inputs)) if i not in sizes]
 
-        def of_tensors(*ts: Any) -> Any:
-            full: list[Any] = [None] * (len(ts) + len(sizes))
-            for i, t in zip(tensors, ts):
-                full[i] = t
-            for i, (j, d) in sizes.items():
-                full[i] = full[j].shape[d]
-            return gm(*full)
-        of_tensors.__name__ = "forward"
-        compiled = ft_compile(of_tensors, compile_unfused=True)
+        def with_sizes(module: Callable) -> Callable:
+            def of_tensors(*ts: Any) -> Any:
+                full: list[Any] = [None] * (len(ts) + len(sizes))
+                for i, t in zip(tensors, ts):
+                    full[i] = t
+                for i, (j, d) in sizes.items():
+                    full[i] = full[j].shape[d]
+                return module(*full)
+            of_tensors.__name__ = "forward"
+            return of_tensors
+        compiled = ft_compile(with_sizes(gm))
         compiled.dims = frozenset((tensors.index(j), d) for j, d in dims)
+        compiled.unfused = with_sizes(inductor)
     else:
-        compiled = ft_compile(gm.forward, compile_unfused=True)
+        compiled = ft_compile(gm.forward)
+        compiled.unfused = inductor
     if not numbers and not sizes:
         return compiled
 

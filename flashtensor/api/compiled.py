@@ -42,6 +42,9 @@ class Compiled:
         self._baked: dict[int, tuple[list[tuple[torch.Tensor, int]], bool]] = {}
         self._counts = {"searches": 0, "tunes": 0, "hits": 0, "misses": 0}
         self.dims: Optional[frozenset[tuple[int, int]]] = None    # the dimensions to be generic in, where known
+        # what runs where nothing fuses, on devices that compile the remainder (driver.build): fn, or the torch.compile
+        # backend's Inductor-compiled graph
+        self.unfused: Optional[Callable] = None
         self._guards = Guards(fn)
         self.warned: set[str] = set()      # notes warned about: one FallbackWarning each per callable
         self._lock = threading.Lock()
@@ -143,7 +146,7 @@ class Compiled:
         prog = None
         if dims:
             try:
-                prog = build(fn, call.leaves, self.options, None, dims)
+                prog = build(fn, call.leaves, self.options, None, dims, self.unfused)
                 self._count(prog)
             except Exception as e:  # noqa: BLE001 - a bug in the generic path costs a plan per shape, not the answer
                 log.debug("shape-generic planning failed; planning for this call's shapes", exc_info=True)
@@ -158,7 +161,7 @@ class Compiled:
         else:
             if prog is not None and not prog.generic and prog.plan.captured.shape_env is not None:
                 self.refused[structure, dims] = prog.notes
-            prog = build(fn, call.leaves, self.options, self.warned)
+            prog = build(fn, call.leaves, self.options, self.warned, unfused=self.unfused)
             self._count(prog)
             self.programs[key] = prog
         baked = {id(v): v for n in prog.plan.captured.nodes for v in n.attrs.values() if isinstance(v, torch.Tensor)}
