@@ -148,11 +148,13 @@ def ratio(rec: dict) -> float | None:
     return e / f if e and f else None
 
 
+def fmt(x: float | None) -> str:
+    """A time or ratio for a table: three decimals below 1, two above; '-' for none."""
+    return "-" if x is None else (f"{x:.3f}" if x < 1 else f"{x:.2f}")
+
+
 def markdown(results: dict) -> str:
     """The results as a table, then each program's notes, problems and crashes."""
-    def fmt(x: float | None) -> str:
-        return "-" if x is None else (f"{x:.3f}" if x < 1 else f"{x:.2f}")
-
     inductor = any("compile" in rec for rec in results["programs"])
     lines = [f"Held programs on {results['device']}, {results['shape']} shapes {results['dims']}, "
              f"{results['date']}.", "",

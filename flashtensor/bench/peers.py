@@ -276,7 +276,7 @@ def _ms(recs: dict, key: str) -> float | None:
 
 
 def _fmt(x: float | None, unit: str = "") -> str:
-    return "-" if x is None else (f"{x:.3f}" if x < 1 else f"{x:.2f}") + unit
+    return held.fmt(x) + (unit if x is not None else "")
 
 
 def _over(a: float | None, b: float | None) -> float | None:
