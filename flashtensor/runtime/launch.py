@@ -16,6 +16,7 @@ from ..codegen.artifact import FINITE, Buffer, KernelSource
 from ..ir.sizes import evaluator
 
 SIZES = ("sizes",)     # buffer key of the size symbols' values
+AT = ("sizes", "at")   # buffer key of those values as one hashable key, made once per call (launches memoise by it)
 
 
 def load_kernel(k: KernelSource, name: Optional[str] = None) -> Any:
@@ -118,7 +119,7 @@ class Launch:
         """The launches of one call, in order (`_steps`), worked out once per sizes, device and mode."""
         sizes = buffers.get(SIZES, {})
         device = buffers[self.source.buffers[0].source].device
-        return memoised(self._memo, (tuple(sizes.items()), device, fixup, after_prior),
+        return memoised(self._memo, (buffers.get(AT, ()), device, fixup, after_prior),
                          lambda: self._steps(sizes, device, fixup, after_prior))
 
     def _steps(self, sizes: Mapping[str, int], device: torch.device, fixup: bool, after_prior: bool) -> list[Step]:
@@ -156,27 +157,25 @@ class Launch:
         use that `buffers` does not hold yet. Where a split loop's count comes to 1 at these sizes, the kernel
         writes no pieces (codegen/split.epilogue): their buffers are one shared element, not allocated."""
         sizes = buffers.get(SIZES, {})
-        for source, shape, dtype in memoised(self._memo, ("allocate", tuple(sizes.items())),
-                                              lambda: self._allocations(sizes)):
+        for source, shape, dtype, split, make in memoised(self._memo, ("allocate", buffers.get(AT, ())),
+                                                          lambda: self._allocations(sizes)):
             have = buffers.get(source)
             # the tuner's candidates share buffers by key, and one may split where another does not: a placeholder
             # is replaced where this one writes pieces
-            placeholder = shape is not None and _is_split(source) and have is _untouched(device, dtype)
-            if have is not None and not placeholder:
+            if have is not None and not (split and have is _untouched(device, dtype)):
                 continue
-            if shape is None:
-                buffers[source] = _untouched(device, dtype)
-            else:
-                buffers[source] = (torch.zeros if source == FINITE else torch.empty)(shape, dtype=dtype, device=device)
+            buffers[source] = _untouched(device, dtype) if shape is None else make(shape, dtype=dtype, device=device)
 
-    def _allocations(self, sizes: Mapping[str, int]) -> list[tuple[Any, Optional[tuple], torch.dtype]]:
-        """(buffer key, shape, dtype) of each buffer that is not a program input, once each; shape None for a
-        split loop's pieces where it runs in one."""
-        out: dict[Any, tuple[Any, Optional[tuple], torch.dtype]] = {}
+    def _allocations(self, sizes: Mapping[str, int]) -> list[tuple[Any, Optional[tuple], torch.dtype, bool, Any]]:
+        """(buffer key, shape, dtype, whether it holds a split loop's pieces, torch.zeros or torch.empty) of each
+        buffer that is not a program input, once each; shape None for the pieces where the loop runs in one."""
+        out: dict[Any, tuple[Any, Optional[tuple], torch.dtype, bool, Any]] = {}
         one = self._grids(sizes)[1] == 1
         for b, shape in zip(self._buffers, self._shapes(sizes)):
             if not _is_input(b.source):
-                out.setdefault(b.source, (b.source, None if one and _is_split(b.source) else shape, b.dtype))
+                split = _is_split(b.source)
+                out.setdefault(b.source, (b.source, None if one and split else shape, b.dtype, split and not one,
+                                          torch.zeros if b.source == FINITE else torch.empty))
         return list(out.values())
 
     @functools.cached_property
@@ -264,6 +263,7 @@ def input_buffers(inputs: Sequence[torch.Tensor], sizes: Optional[dict[str, int]
     the size symbols a shape-generic plan's kernels take (under SIZES)."""
     bufs: dict[Any, Any] = {("in", i): t.contiguous() for i, t in enumerate(inputs)}
     bufs[SIZES] = sizes or {}
+    bufs[AT] = tuple(bufs[SIZES].items())
     return bufs
 
 
