@@ -20,6 +20,7 @@ from ..ir.ops import WIDE, scalar
 
 aten = torch.ops.aten
 
+
 def _arg(a: list, kw: dict, i: int, key: str, default: Any) -> Any:
     return a[i] if len(a) > i else kw.get(key, default)
 

@@ -173,6 +173,14 @@ def largest(x, c: float = 1.0) -> float:
     return 0.0
 
 
+def _passed(x: LNode) -> list[LNode]:
+    """The operands of x that a factor pushed into x reaches: a sum's, a negation's, a cast's, those of a multiply
+    or divide by a constant, a select's two values."""
+    if x.op in ("add", "sub", "neg", "cast") or (x.op in ("mul", "div") and len(x.inputs) == 1):
+        return list(x.inputs)
+    return list(x.inputs[1:]) if x.op == "where" else []
+
+
 def _coarse(x, through_half: bool) -> bool:
     """Whether x, along the factor's path, adds a constant or input of magnitude COARSE or more to a moderate value
     in float32: the sum's rounding, which a fully masked row's result depends on in eager (its scores are all
@@ -180,12 +188,11 @@ def _coarse(x, through_half: bool) -> bool:
     row max (both sides near the constant) rounds alike either way."""
     if not isinstance(x, LNode) or _opaque(x, through_half) or not x.dtype.is_floating_point:
         return False
-    a = x.op in ("add", "sub") and [largest(y) for y in x.args]
-    if a and max(a) >= COARSE > min(a):
-        return True
-    if x.op in ("add", "sub", "neg", "cast") or (x.op in ("mul", "div") and len(x.inputs) == 1):
-        return any(_coarse(y, through_half) for y in x.inputs)
-    return x.op == "where" and any(_coarse(y, through_half) for y in x.inputs[1:])
+    if x.op in ("add", "sub"):
+        magnitudes = [largest(y) for y in x.args]
+        if max(magnitudes) >= COARSE > min(magnitudes):
+            return True
+    return any(_coarse(y, through_half) for y in _passed(x))
 
 
 def _unscalable(g: LoopGraph, through_half: bool) -> set[int]:
@@ -208,10 +215,8 @@ def _reductions_under_exp(g: LoopGraph, through_half: bool, exps: set[int]) -> s
         seen.add(id(x))
         if x.op == "reduce" and x.attrs["kind"] in ("max", "min"):
             out.add(id(x))
-        elif x.op in ("add", "sub", "neg", "cast") or (x.op in ("mul", "div") and len(x.inputs) == 1):
-            stack += list(x.inputs)
-        elif x.op == "where":
-            stack += list(x.inputs[1:])
+        else:
+            stack += _passed(x)
     return out
 
 

@@ -31,7 +31,7 @@ from ..ir.loops import (
     stamp,
     var_union,
 )
-from ..ir.ops import BINARY, UNARY, Op
+from ..ir.ops import BINARY, UNARY, WIDE, Op
 from ..ir.reasons import NoPlanError, place
 from ..ir.sizes import broadcast_free, guarded_same, same, simpler, symbolic
 
@@ -270,7 +270,7 @@ class _Lowerer:
                 self.s.unify(cands[0], c, n)
             axes.append(list(cands[0]) if cands else [])
         axes += [x.axes[-2], y.axes[-1]]
-        cd = torch.float32 if n.dtype in (torch.float16, torch.bfloat16) else n.dtype
+        cd = WIDE.get(n.dtype, n.dtype)
         prod = _mk("mul", (x.node, y.node), cd)
         s = _mk("reduce_axes", (prod,), cd, kind="sum", axes=list(x.axes[-1]))
         return _LV(s if cd == n.dtype else _mk("cast", (s,), n.dtype), axes)
@@ -359,7 +359,7 @@ class _Lowerer:
         atoms = self.s.axis_atoms(x.axes[n.attrs["dim"]])
         if len(atoms) > 1:
             raise LoweringError(n, "a cumsum along an axis that merges several variables")
-        cd = torch.float32 if n.dtype in (torch.float16, torch.bfloat16) else n.dtype
+        cd = WIDE.get(n.dtype, n.dtype)
         node = x.node if x.node.dtype == cd else _mk("cast", (x.node,), cd)
         if atoms:
             i, t = atoms[0], Var(atoms[0].extent)
