@@ -1,5 +1,5 @@
 """Elementwise ops real attention programs use (elu, logsigmoid, expm1, log1p, nan_to_num, pow with a tensor
-base, the log of a float arange): their Triton helpers against torch on special values, and programs written
+base, the log of a float arange, logsumexp): their Triton helpers against torch on special values, and programs written
 the way their repositories write them, fused and matching eager in float32 and fp16 on fresh random inputs."""
 import math
 
@@ -96,11 +96,19 @@ def log_length_scaled(q, k, v):
     return torch.softmax(s, dim=-1) @ v
 
 
+def logsumexp_statistic(q, k, v, mask):
+    """FlashAttention's softmax_lse as ring-attention repositories compute it to merge partial outputs:
+    torch.logsumexp of each masked row (a row with no key left is -inf), returned beside the output."""
+    s = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(mask, -INF)
+    lse = torch.logsumexp(s, dim=-1, keepdim=True)
+    return torch.nan_to_num(torch.exp(s - lse)) @ v, lse.squeeze(-1)
+
+
 def _args(name, dtype):
     q, k, v = (rand(1, 2, 40, 16, seed=s, dtype=dtype) for s in (1, 2, 3))
     if name == "forgetting_attention":
         return q, k, v, rand(1, 2, 40, seed=4, dtype=dtype) * 3
-    if name == "nan_to_num_attention":
+    if name in ("nan_to_num_attention", "logsumexp_statistic"):
         mask = torch.rand(40, 40, generator=torch.Generator().manual_seed(5)) < 0.3
         mask[7] = True                         # a row with no key left: NaN in eager's softmax
         return q, k, v, mask
@@ -109,7 +117,8 @@ def _args(name, dtype):
     return q, k, v
 
 
-PROGRAMS = [elu_linear_attention, forgetting_attention, nan_to_num_attention, retention_decay, log_length_scaled]
+PROGRAMS = [elu_linear_attention, forgetting_attention, nan_to_num_attention, retention_decay, log_length_scaled,
+            logsumexp_statistic]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
@@ -130,6 +139,26 @@ def test_nan_to_num_replaces_what_eager_replaces():
 
     out, compiled = compiled_matches_eager(fn, (x,))
     assert_close(out, fn(x))
+    (program,) = compiled.programs.values()
+    assert program.launches and not program.notes, program.notes
+
+
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_logsumexp_gives_eagers_special_rows(keepdim):
+    """Rows of -inf only (-inf), with a +inf (+inf), with a NaN (NaN), and finite rows far from 0, over one axis
+    and over two."""
+    x = rand(6, 5, 32, seed=7, dtype=torch.float32) * 30
+    x[0, 1] = -INF
+    x[1, 2, 3] = INF
+    x[2, 3, 9] = NAN
+    x[3, 4] += 1e4
+
+    def fn(x):
+        return torch.logsumexp(x, dim=-1, keepdim=keepdim), torch.logsumexp(x * 0.5, dim=(0, 2), keepdim=keepdim)
+
+    out, compiled = compiled_matches_eager(fn, (x,))
+    ref = fn(x)
+    assert torch.equal(out[0].isnan(), ref[0].isnan()) and torch.equal(out[0].isinf(), ref[0].isinf())
     (program,) = compiled.programs.values()
     assert program.launches and not program.notes, program.notes
 

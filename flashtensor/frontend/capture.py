@@ -515,6 +515,9 @@ _RULES: dict[Any, Callable] = {
     aten.mean.dim: lambda b, a, kw, s, d, src: b.add(
         "mean", (a[0],), s, d, src, dims=_norm_dims(a[1], len(a[0].shape)),
         keepdim=bool(a[2] if len(a) > 2 else kw.get("keepdim", False))),
+    aten.logsumexp.default: lambda b, a, kw, s, d, src: b.add(
+        "logsumexp", (a[0],), s, d, src, dims=_norm_dims(a[1], len(a[0].shape)),
+        keepdim=bool(a[2] if len(a) > 2 else kw.get("keepdim", False))),
     aten.mean.default: lambda b, a, kw, s, d, src: b.add(
         "mean", (a[0],), s, d, src, dims=list(range(len(a[0].shape))), keepdim=False),
     aten.bmm.default: lambda b, a, kw, s, d, src: b.add("matmul", (a[0], a[1]), s, d, src),

@@ -76,6 +76,7 @@ class Op(enum.StrEnum):
     SOFTMAX = "softmax"
     LOG_SOFTMAX = "log_softmax"
     MEAN = "mean"
+    LOGSUMEXP = "logsumexp"
     NORM = "norm"
     CLAMP = "clamp"
     MASKED_FILL = "masked_fill"
@@ -186,9 +187,9 @@ GROUP: dict[Op, Group] = {
     **{op: Group.BINARY for op in BINARY_OPS},
     Op.CAST: Group.SELECT, Op.WHERE: Group.SELECT,
     Op.REDUCE: Group.REDUCE, Op.CUMSUM: Group.REDUCE, Op.MATMUL: Group.CONTRACT,
-    **{op: Group.COMPOSITE for op in (Op.SOFTMAX, Op.LOG_SOFTMAX, Op.MEAN, Op.NORM, Op.CLAMP, Op.MASKED_FILL,
-                                      Op.TRIU, Op.TRIL, Op.ADDMM, Op.LINEAR, Op.ELU, Op.LOG_SIGMOID,
-                                      Op.NAN_TO_NUM)},
+    **{op: Group.COMPOSITE for op in (Op.SOFTMAX, Op.LOG_SOFTMAX, Op.MEAN, Op.LOGSUMEXP, Op.NORM, Op.CLAMP,
+                                      Op.MASKED_FILL, Op.TRIU, Op.TRIL, Op.ADDMM, Op.LINEAR, Op.ELU,
+                                      Op.LOG_SIGMOID, Op.NAN_TO_NUM)},
     **{op: Group.LOOP for op in (Op.LOAD, Op.SCALAR, Op.REDUCE_AXES, Op.AT)},
     Op.OPAQUE: Group.EAGER,
 }
@@ -306,6 +307,7 @@ EVAL: dict[Op, Callable] = {
     Op.SOFTMAX: lambda n, x: torch.softmax(x, n.attrs["dim"], dtype=n.dtype),
     Op.LOG_SOFTMAX: lambda n, x: torch.log_softmax(x, n.attrs["dim"], dtype=n.dtype),
     Op.MEAN: lambda n, x: torch.mean(x, n.attrs["dims"], n.attrs["keepdim"]),
+    Op.LOGSUMEXP: lambda n, x: torch.logsumexp(x, n.attrs["dims"], n.attrs["keepdim"]),
     Op.NORM: _norm,
     Op.CLAMP: lambda n, x: torch.clamp(x, n.attrs["min"], n.attrs["max"]),
     Op.MASKED_FILL: lambda n, x, m, v: x.masked_fill(m, v),

@@ -1,7 +1,7 @@
 """Decomposition: composite ops -> primitives (reductions, elementwise math, index predicates).
 
 softmax -> max, sub, exp, sum, div; log_softmax -> max, sub, exp, sum, log, sub;
-mean -> sum, div; norm(p=1) -> abs, sum; norm(p=2) -> mul, sum, sqrt;
+mean -> sum, div; logsumexp -> max, sub, exp, sum, log, add; norm(p=1) -> abs, sum; norm(p=2) -> mul, sum, sqrt;
 masked_fill -> where; triu/tril -> where over index tensors; clamp -> maximum/minimum;
 addmm/linear -> matmul, add; elu -> where, expm1; log_sigmoid -> minimum, exp, log1p; nan_to_num -> where.
 The result is evaluated by the same reference evaluator.
@@ -60,6 +60,20 @@ def _mean(b: Builder, n: Node, x: Node) -> Node:
         count *= x.shape[d]
     t = _red(b, "sum", x, n.attrs["dims"], n.attrs["keepdim"], n.source)
     return b.add("div", (t, float(count)), n.shape, n.dtype, n.source)
+
+
+def _logsumexp(b: Builder, n: Node, x: Node) -> Node:
+    """max + log(sum(exp(x - max))), the max as a softmax's (so a kernel keeps it running); a row whose max is
+    infinite gives that max, as eager's does (its shift by 0 there). In float32 for half x."""
+    s, dims, keep = n.source, n.attrs["dims"], n.attrs["keepdim"]
+    x = _cast(b, x, WIDE.get(n.dtype, n.dtype), s)
+    m = _red(b, "max", x, dims, True, s)
+    e = b.add("exp", (b.add("sub", (x, m), x.shape, x.dtype, s),), x.shape, x.dtype, s)
+    total = _red(b, "sum", e, dims, keep, s)
+    m = m if keep else b.add("reshape", (m,), total.shape, m.dtype, s)
+    lse = b.add("add", (m, b.add("log", (total,), total.shape, x.dtype, s)), total.shape, x.dtype, s)
+    infinite = b.add("eq", (b.add("abs", (m,), m.shape, m.dtype, s), math.inf), m.shape, torch.bool, s)
+    return _cast(b, b.add("where", (infinite, m, lse), total.shape, x.dtype, s), n.dtype, s)
 
 
 def _norm(b: Builder, n: Node, x: Node) -> Node:
@@ -153,7 +167,7 @@ def _nan_to_num(b: Builder, n: Node, x: Node) -> Node:
 
 # one rule per composite op (ir.ops.COMPOSITE)
 _RULES = {
-    Op.SOFTMAX: _softmax, Op.LOG_SOFTMAX: _softmax, Op.MEAN: _mean, Op.NORM: _norm, Op.CLAMP: _clamp,
-    Op.MASKED_FILL: _masked_fill, Op.TRIU: _tri(False), Op.TRIL: _tri(True), Op.ADDMM: _addmm, Op.LINEAR: _linear,
-    Op.ELU: _elu, Op.LOG_SIGMOID: _log_sigmoid, Op.NAN_TO_NUM: _nan_to_num,
+    Op.SOFTMAX: _softmax, Op.LOG_SOFTMAX: _softmax, Op.MEAN: _mean, Op.LOGSUMEXP: _logsumexp, Op.NORM: _norm,
+    Op.CLAMP: _clamp, Op.MASKED_FILL: _masked_fill, Op.TRIU: _tri(False), Op.TRIL: _tri(True), Op.ADDMM: _addmm,
+    Op.LINEAR: _linear, Op.ELU: _elu, Op.LOG_SIGMOID: _log_sigmoid, Op.NAN_TO_NUM: _nan_to_num,
 }
