@@ -583,3 +583,23 @@ def test_a_program_eager_rejects_raises_eagers_exception(fn, capfd):
     assert ours.value.__notes__ == [f"FlashTensor: raised by {fn.__name__}(q: float32[1, 2, 24, 16] on cpu, "
                                     "k: float32[1, 2, 24, 16] on cpu) in eager PyTorch"]
     assert capfd.readouterr().err == ""        # no fake-tensor traceback (it goes to the debug log)
+
+
+@pytest.mark.parametrize("fill", [
+    lambda x, m: x.masked_fill(m, -1e9), lambda x, m: x.masked_fill(m, torch.tensor(-1e9)),
+    lambda x, m: torch.full_like(x, -7e4) + x, lambda x, m: x.clamp(min=-1e5),
+    lambda x, m: torch.full(x.shape, 1e39, dtype=torch.float32) + x.float()])
+def test_a_fill_number_past_its_dtype_raises_eagers_error(fill):
+    """Eager refuses to convert -1e9 to fp16 (and 1e39 to float32) where an op fills with it; fake tensors do
+    not check, so the trace alone would give -inf where eager raises."""
+    x, m = torch.randn(4, 8).half(), torch.rand(4, 8) > 0.5
+
+    def scores(x, m):
+        return fill(x, m).softmax(-1)
+
+    with pytest.raises(RuntimeError, match="without overflow") as eager:
+        scores(x, m)
+    for compiled in (ft.compile(scores), torch.compile(scores, backend="flashtensor")):
+        with pytest.raises(RuntimeError, match=str(eager.value)) as got:
+            compiled(x, m)
+        assert any("in eager PyTorch" in n for n in got.value.__notes__)

@@ -11,6 +11,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch._dynamo.backends import registry
+from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from .compiled import compile as ft_compile
 
@@ -25,6 +26,9 @@ def flashtensor_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[torch
     numbers = _numbers(gm)
     sizes, dims = _sizes(gm)
     inductor = torch.compile(gm)      # compiled on its first call, if one comes: gm's own code, no other graph's
+    # its generated forward itself: a lazy module's forward goes through GraphModule.__call__, which prints the
+    # generated code to stderr when a call raises (eager's error for a user's, which capture raises again)
+    _LazyGraphModule.force_recompile(gm)
     if sizes:
         tensors = [i for i in range(len(example_inputs)) if i not in sizes]
 
@@ -38,7 +42,7 @@ def flashtensor_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[torch
                 return module(*full)
             of_tensors.__name__ = "forward"
             return of_tensors
-        compiled = ft_compile(with_sizes(gm))
+        compiled = ft_compile(with_sizes(gm.forward))
         compiled.dims = frozenset((tensors.index(j), d) for j, d in dims)
         compiled.unfused = with_sizes(inductor)
     else:

@@ -26,6 +26,7 @@ from ..ir.graph import Builder, Graph, Node, Returns
 from ..ir.ops import ELEMENTWISE, GROUP, TENSOR, Group, scalar
 from ..ir.sizes import same
 from . import layout, norms, pooling, scan
+from .checks import check_fill
 from .eager import EagerOnly, raise_if_eager_rejects, torch_logs_to_debug, whole, why_untraced
 from .scatter import scatter
 from .source import SourceRecorder
@@ -256,6 +257,7 @@ def _lower_call(b: Builder, fx: torch.fx.Node, env: dict, src: str, live: set[to
     if isinstance(val, (tuple, list)):
         return _multi_opaque(b, fx, args, kw, src, live)
     shape, dtype = _meta(fx)
+    check_fill(t, args, kw, dtype)
     rule = _RULES.get(t)
     if rule is not None:
         out = rule(b, args, kw, shape, dtype, src)
