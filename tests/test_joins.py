@@ -52,6 +52,24 @@ def every_other(x, w):
     return torch.stack((-x2 * w[1::2], x1 * w[::2]), dim=-1).flatten(-2)
 
 
+def gptj_rope_attention(q, k, v, sin, cos):
+    """GPT-J's apply_rotary_pos_emb (rotate_every_two: step-2 slices stacked and flattened back) on q and k,
+    whose scores then contract the rotated head dimension."""
+    def rotate_every_two(x):
+        x1, x2 = x[:, :, :, ::2], x[:, :, :, 1::2]
+        return torch.stack((-x2, x1), dim=-1).flatten(-2)
+    q, k = q * cos + rotate_every_two(q) * sin, k * cos + rotate_every_two(k) * sin
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1) @ v
+
+
+def reversed_quarters(q, k):
+    """Step-4 slices from every start, stacked in reverse and flattened: each group of four of the head
+    dimension reversed, read as q and k are loaded for their scores."""
+    def flip4(x):
+        return torch.stack([x[..., i::4] for i in (3, 2, 1, 0)], dim=-1).flatten(-2)
+    return torch.softmax(flip4(q) @ flip4(k).transpose(-2, -1), dim=-1).sum(dim=-2)
+
+
 CASES = {
     "kv_cache_append": (kv_cache_append, lambda dt: (rand(1, 2, 40, 16, seed=1, dtype=dt),
                                                       rand(1, 2, 29, 16, seed=2, dtype=dt),
@@ -68,6 +86,11 @@ CASES = {
     "repeated_scores": (repeated_scores, lambda dt: (rand(2, 24, 16, seed=14, dtype=dt),
                                                       rand(2, 40, 16, seed=15, dtype=dt))),
     "every_other": (every_other, lambda dt: (rand(2, 24, 16, seed=16, dtype=dt), rand(16, seed=17, dtype=dt))),
+    "gptj_rope_attention": (gptj_rope_attention, lambda dt: (*(rand(1, 2, 40, 16, seed=s, dtype=dt) for s in (18, 19, 20)),
+                                                              rand(40, 16, seed=21, dtype=dt).sin(),
+                                                              rand(40, 16, seed=21, dtype=dt).cos())),
+    "reversed_quarters": (reversed_quarters, lambda dt: (rand(2, 24, 16, seed=22, dtype=dt),
+                                                          rand(2, 40, 16, seed=23, dtype=dt))),
 }
 
 
@@ -91,5 +114,5 @@ def test_joins_fuse_and_match_eager(name, dtype):
     _, compiled = compiled_matches_eager(fn, make(dtype))
     (program,) = compiled.programs.values()
     assert program.launches and not program.notes, program.notes
-    if fn is not repeated_scores and fn is not every_other:
+    if fn not in (repeated_scores, every_other):
         assert all("tl.dot(" in launch.source.source for launch in program.launches)

@@ -339,11 +339,23 @@ class _Lowerer:
             inner = 1
             for v in atoms[1:]:
                 inner *= v.extent
-            if not atoms or start % inner or size % inner or (step != 1 and inner != 1):
+            if step != 1 and inner != 1 and atoms and step % inner == 0:
+                # x[..., 1::2] of an axis split (D/2, 2) (GPT-J's interleaved halves): the lead variable steps,
+                # the inner ones are fixed by start, as a select fixes them
+                lead = Var(size) if size != 1 else None
+                rest = start % inner
+                for v in reversed(atoms[1:]):
+                    sub[v] = Affine((), rest % v.extent)
+                    rest //= v.extent
+                sub[atoms[0]] = (Affine.of(lead).scale(step // inner) if lead else Affine()) + \
+                    Affine((), start // inner)
+                new_axis = [lead] if lead else []
+            elif not atoms or start % inner or size % inner or (step != 1 and inner != 1):
                 raise LoweringError(n, "slice that does not align with the axis' variables")
-            lead = Var(size // inner) if size // inner != 1 else None
-            sub[atoms[0]] = (Affine.of(lead).scale(step) if lead else Affine()) + Affine((), start // inner)
-            new_axis = ([lead] if lead else []) + atoms[1:]
+            else:
+                lead = Var(size // inner) if size // inner != 1 else None
+                sub[atoms[0]] = (Affine.of(lead).scale(step) if lead else Affine()) + Affine((), start // inner)
+                new_axis = ([lead] if lead else []) + atoms[1:]
         node = Rebuilder(self.s).rebuild(x.node, sub)
         axes = [list(ax) for ax in x.axes]
         if n.op == "select":
