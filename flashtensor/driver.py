@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import logging
 import math
 import time
@@ -400,13 +401,22 @@ def _of_tensors(fn: Callable, args: list[Any]) -> tuple[Callable, list[int]]:
     stand in `args`."""
     positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
 
-    @functools.wraps(fn)      # notes and errors name the user's function
+    @functools.wraps(fn)      # notes and errors name the user's function and its tensors' parameters
     def tensor_fn(*tensors: torch.Tensor) -> Any:
         full = list(args)
         for i, t in zip(positions, tensors):
             full[i] = t
         return fn(*full)
+    names = getattr(fn, "leaf_names", None) or _parameters(fn)
+    tensor_fn.arg_names = [names[i] if i < len(names) else "" for i in positions]   # type: ignore[attr-defined]
     return tensor_fn, positions
+
+
+def _parameters(fn: Callable) -> list[str]:
+    try:
+        return list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return []
 
 
 def warn_notes(notes: Iterable[str], warned: set[str]) -> None:

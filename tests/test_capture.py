@@ -585,6 +585,25 @@ def test_a_program_eager_rejects_raises_eagers_exception(fn, capfd):
     assert capfd.readouterr().err == ""        # no fake-tensor traceback (it goes to the debug log)
 
 
+@pytest.mark.unit
+def test_eagers_exception_names_the_tensors_by_their_parameters():
+    """An attention helper as Hugging Face calls it (a module first, keywords, a list of tensors): the note
+    names each tensor by the parameter it came in, and where in it."""
+    def attn(module, query, key, value, mask=None, *, past=None, **kwargs):
+        return (query @ key.transpose(-1, -2) * module.scaling + mask).softmax(-1) @ value + past[1]
+
+    module = torch.nn.Module()
+    module.scaling = 0.5
+    q = torch.randn(1, 2, 8, 4)
+    with pytest.raises(RuntimeError) as ours:
+        ft.compile(attn)(module, q, torch.randn(1, 2, 9, 4), q, torch.zeros(8, 8), past=[q, q], extra=q)
+    shape = "float32[1, 2, 8, 4] on cpu"
+    assert ours.value.__notes__ == [f"FlashTensor: raised by {attn.__qualname__}(query: {shape}, "
+                                    "key: float32[1, 2, 9, 4] on cpu, "
+                                    f"value: {shape}, mask: float32[8, 8] on cpu, past[0]: {shape}, "
+                                    f"past[1]: {shape}, extra: {shape}) in eager PyTorch"]
+
+
 @pytest.mark.parametrize("fill", [
     lambda x, m: x.masked_fill(m, -1e9), lambda x, m: x.masked_fill(m, torch.tensor(-1e9)),
     lambda x, m: torch.full_like(x, -7e4) + x, lambda x, m: x.clamp(min=-1e5),

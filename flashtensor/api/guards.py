@@ -211,7 +211,23 @@ class Guards:
             args, kwargs = pytree.tree_unflatten(list(leaves), spec)
             return self.fn(*args, **kwargs)
         of_leaves.__name__ = name_of(self.fn)
+        of_leaves.leaf_names = self._leaf_names(spec)    # type: ignore[attr-defined]
         return of_leaves
+
+    def _leaf_names(self, spec: pytree.TreeSpec) -> list[str]:
+        """Each leaf by the parameter it is passed as, and where in it (`past[0]`, `mask`), for notes and errors."""
+        params = [p.name for p in self.signature.parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)] if self.signature is not None else []
+        names = []
+        for path, _ in pytree.tree_flatten_with_path(pytree.tree_unflatten([0] * spec.num_leaves, spec))[0]:
+            top, key, *rest = path
+            if getattr(top, "idx", None) == 0:       # (args, kwargs)[0]: a positional argument
+                i = getattr(key, "idx", 0)
+                name = params[i] if i < len(params) else f"args[{i}]"
+            else:
+                name = str(getattr(key, "key", key))
+            names.append(name + pytree.keystr(tuple(rest)))
+        return names
 
 
 def _arity(sig: Optional[inspect.Signature]) -> tuple[float, float]:

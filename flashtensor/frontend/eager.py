@@ -93,12 +93,16 @@ def name(fn: Callable) -> str:
 
 
 def described(fn: Callable, args: Sequence[torch.Tensor]) -> str:
-    """`attn(q: float32[1, 40, 2, 16] on cpu, ...)`, with the parameters' names where they are the tensors'."""
-    try:
-        names = [f"{p}: " for p in inspect.signature(fn).parameters]
-    except (TypeError, ValueError):
-        names = []
+    """`attn(q: float32[1, 40, 2, 16] on cpu, ...)`, with the parameters' names where they are known (`arg_names`,
+    which the driver's function of the tensors carries, else the signature's where it lists the tensors)."""
+    names = getattr(fn, "arg_names", None)
+    if names is None:
+        try:
+            names = list(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            names = []
     if len(names) != len(args):
         names = [""] * len(args)
-    shown = [f"{n}{str(a.dtype).removeprefix('torch.')}{list(a.shape)} on {a.device}" for n, a in zip(names, args)]
+    shown = [f"{n + ': ' if n else ''}{str(a.dtype).removeprefix('torch.')}{list(a.shape)} on {a.device}"
+             for n, a in zip(names, args)]
     return f"{name(fn)}({', '.join(shown)})"
