@@ -1,5 +1,5 @@
 """Elementwise ops real attention programs use (elu, logsigmoid, expm1, log1p, nan_to_num, pow with a tensor
-base, the log of a float arange, logsumexp): their Triton helpers against torch on special values, and programs written
+base, the log of a float arange, logsumexp, activations): their Triton helpers against torch on special values, and programs written
 the way their repositories write them, fused and matching eager in float32 and fp16 on fresh random inputs."""
 import math
 
@@ -104,6 +104,18 @@ def logsumexp_statistic(q, k, v, mask):
     return torch.nan_to_num(torch.exp(s - lse)) @ v, lse.squeeze(-1)
 
 
+def activation_attention(q, k, v, mix):
+    """Pointwise attention as vision and sequence repositories write it: SiLU and GELU (both forms) of the scores
+    over the sequence length, relu6 and leaky ReLU, a softplus gate, a lerp toward uniform weights by a learned
+    per-head weight, an addcmul bias, and the spread (std) of each key's probabilities over the queries."""
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    n = k.shape[-2]
+    w = F.silu(s) / n + F.gelu(s) / n + F.gelu(s, approximate="tanh") / n + F.relu6(s) / n + F.leaky_relu(s, 0.2) / n
+    w = w * F.softplus(s, beta=2.0, threshold=5.0)
+    p = torch.lerp(torch.softmax(torch.addcmul(s, s, s, value=-0.05), dim=-1), w, mix[:, None, None])
+    return p @ v, torch.softmax(s, dim=-1).std(dim=-2), torch.var(p, dim=(-2, -1), keepdim=True, correction=0)
+
+
 def _args(name, dtype):
     q, k, v = (rand(1, 2, 40, 16, seed=s, dtype=dtype) for s in (1, 2, 3))
     if name == "forgetting_attention":
@@ -112,13 +124,15 @@ def _args(name, dtype):
         mask = torch.rand(40, 40, generator=torch.Generator().manual_seed(5)) < 0.3
         mask[7] = True                         # a row with no key left: NaN in eager's softmax
         return q, k, v, mask
+    if name == "activation_attention":
+        return q, k, v, torch.tensor([0.2, 0.7], dtype=dtype)
     if name == "retention_decay":
         return q, k, v, 1 - 2.0 ** (-5 - torch.arange(2, dtype=torch.float32))
     return q, k, v
 
 
 PROGRAMS = [elu_linear_attention, forgetting_attention, nan_to_num_attention, retention_decay, log_length_scaled,
-            logsumexp_statistic]
+            logsumexp_statistic, activation_attention]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
@@ -139,6 +153,28 @@ def test_nan_to_num_replaces_what_eager_replaces():
 
     out, compiled = compiled_matches_eager(fn, (x,))
     assert_close(out, fn(x))
+    (program,) = compiled.programs.values()
+    assert program.launches and not program.notes, program.notes
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+def test_activations_give_eagers_special_values(dtype):
+    """Each activation at 0, at both infinities, NaN, past softplus' threshold and near its edges, and large
+    enough that a half intermediate would overflow: eager computes each in float32 and rounds once."""
+    x = torch.tensor([0., -0., INF, -INF, NAN, 19.9, 20.1, -20., 1e-3, -6.1, 6.1, 200., -200., 3., -1., 1e4])
+    x = x.to(dtype)
+
+    def fn(x, y):
+        finite = x.clamp(max=1e4)       # gelu(inf): inf in CUDA's eager formula, NaN in the CPU's vectorised one
+        outs = (F.silu(x), F.softplus(x), F.gelu(finite), F.gelu(x, approximate="tanh"), F.hardtanh(x, -2.0, 3.0),
+                F.relu6(x), F.leaky_relu(x), torch.erf(x), torch.lerp(x, y, 0.3), torch.lerp(x, y, 0.8),
+                torch.addcmul(x, x, y, value=0.5))
+        return torch.stack(outs) * 1.0, torch.stack(outs).nan_to_num().sum(dim=0)
+
+    y = torch.linspace(-3, 3, 16).to(dtype)
+    out, compiled = compiled_matches_eager(fn, (x, y))
+    ref = fn(x, y)
+    assert torch.equal(out[0].isnan(), ref[0].isnan()) and torch.equal(out[0].isinf(), ref[0].isinf())
     (program,) = compiled.programs.values()
     assert program.launches and not program.notes, program.notes
 

@@ -51,6 +51,7 @@ class Op(enum.StrEnum):
     LOG2_APPROX = "log2_approx"
     EXPM1 = "expm1"
     LOG1P = "log1p"
+    ERF = "erf"
     ADD = "add"
     SUB = "sub"
     MUL = "mul"
@@ -154,6 +155,7 @@ UNARY_OPS: dict[Op, Elementwise] = {
     # without exp(x) - 1's and log(1 + x)'s cancellation near 0 (the helpers say how)
     Op.EXPM1: Elementwise(torch.expm1, "_expm1({})", ("expm1.default",)),
     Op.LOG1P: Elementwise(torch.log1p, "_log1p({})", ("log1p.default",)),
+    Op.ERF: Elementwise(torch.erf, "tl.erf({})", ("erf.default",)),
 }
 BINARY_OPS: dict[Op, Elementwise] = {
     Op.ADD: Elementwise(torch.add, "({} + {})", _cmp("add")),

@@ -1,0 +1,122 @@
+"""Capture rules' bodies for activations and pointwise composites applied to scores (SiLU, GELU and ReLU-family
+attention, softplus gates, lerp and addcmul mixes) and the variance of a statistic: each built from primitives
+that fuse, with eager's own formula. A half input is computed in float32 and rounded once, as eager's kernels
+compute in float32 internally."""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Union
+
+import torch
+
+from ..ir.graph import Builder, Node
+from ..ir.ops import WIDE
+from .norms import moments
+
+aten = torch.ops.aten
+Operand = Union[Node, float]
+
+
+class _Math:
+    """Elementwise arithmetic on nodes of one shape and dtype, for writing eager's formulas as they read."""
+
+    def __init__(self, b: Builder, like: Node, src: str) -> None:
+        self.b, self.shape, self.dtype, self.src = b, like.shape, like.dtype, src
+
+    def __call__(self, op: str, *args: Operand) -> Node:
+        return self.b.add(op, args, self.shape, self.dtype, self.src)
+
+    def test(self, op: str, x: Operand, y: Operand) -> Node:
+        return self.b.add(op, (x, y), self.shape, torch.bool, self.src)
+
+
+def _wide(b: Builder, x: Any, dtype: torch.dtype, src: str) -> Any:
+    """x in the dtype eager computes an op of `dtype` in (float32 for half types); numbers as they are."""
+    w = WIDE.get(dtype, dtype)
+    if not isinstance(x, Node) or x.dtype == w:
+        return x
+    return b.add("cast", (x,), x.shape, w, src)
+
+
+def _pointwise(formula: Callable[..., Node], tensors: int = 1, **defaults: Any) -> Callable:
+    """A capture rule: the call's first `tensors` arguments widened, the rest bound to `defaults` by position or
+    name, `formula(m, *tensors, **params)` built, and the result rounded to the call's dtype."""
+    def rule(b: Builder, a: list, kw: dict, s: tuple, d: torch.dtype, src: str) -> Any:
+        if not d.is_floating_point:
+            return None
+        xs = [_wide(b, x, d, src) for x in a[:tensors]]
+        xs = [b.add("expand", (x,), s, x.dtype, src) if isinstance(x, Node) and x.shape != s else x for x in xs]
+        given = {**dict(zip(defaults, a[tensors:])), **{k: v for k, v in kw.items() if k in defaults}}
+        like = next(x for x in xs if isinstance(x, Node))
+        out = formula(_Math(b, like, src), *xs, **{k: given.get(k, v) for k, v in defaults.items()})
+        return out if out.dtype == d else b.add("cast", (out,), s, d, src)
+    return rule
+
+
+def _silu(m: _Math, x: Node) -> Node:
+    return m("div", x, m("add", m("exp", m("neg", x)), 1.0))
+
+
+def _softplus(m: _Math, x: Node, beta: float, threshold: float) -> Node:
+    bx = m("mul", x, float(beta))
+    smooth = m("div", m("log1p", m("exp", bx)), float(beta))
+    return m("where", m.test("gt", bx, float(threshold)), x, smooth)
+
+
+def _gelu(m: _Math, x: Node, approximate: str) -> Node:
+    if approximate == "tanh":
+        inner = m("mul", m("add", x, m("mul", m("mul", m("mul", x, x), x), 0.044715)), math.sqrt(2 / math.pi))
+        return m("mul", m("mul", x, 0.5), m("add", m("tanh", inner), 1.0))
+    return m("mul", m("mul", x, 0.5), m("add", m("erf", m("mul", x, math.sqrt(0.5))), 1.0))
+
+
+def _hardtanh(m: _Math, x: Node, min_val: float, max_val: float) -> Node:
+    return m("minimum", m("maximum", x, float(min_val)), float(max_val))
+
+
+def _leaky_relu(m: _Math, x: Node, negative_slope: float) -> Node:
+    return m("where", m.test("gt", x, 0.0), x, m("mul", x, float(negative_slope)))
+
+
+def _lerp(m: _Math, start: Node, end: Node, weight: Operand) -> Node:
+    """eager's two-sided form: from start where |weight| < 1/2, from end otherwise."""
+    diff = m("sub", end, start)
+    near_end = m("sub", end, m("mul", diff, m("sub", 1.0, weight) if isinstance(weight, Node) else 1.0 - weight))
+    if not isinstance(weight, Node):
+        return m("add", start, m("mul", diff, float(weight))) if abs(weight) < 0.5 else near_end
+    return m("where", m.test("lt", m("abs", weight), 0.5), m("add", start, m("mul", diff, weight)), near_end)
+
+
+def _addcmul(m: _Math, x: Node, t1: Node, t2: Node, value: float) -> Node:
+    return m("add", x, m("mul", m("mul", t1, t2), float(value)))
+
+
+def _variance(root: bool) -> Callable:
+    """var / std (`correction`, 1 unless given) over dims (all where None), in float32 for half inputs."""
+    def rule(b: Builder, a: list, kw: dict, s: tuple, d: torch.dtype, src: str) -> Any:
+        x = a[0]
+        if not d.is_floating_point:
+            return None
+        dims = a[1] if len(a) > 1 and a[1] is not None else kw.get("dim")
+        dims = list(range(len(x.shape))) if dims is None else [k % len(x.shape) for k in dims]
+        correction = kw.get("correction", 1)
+        _, _, var = moments(b, x, dims, 1 if correction is None else correction, src)
+        if root:
+            var = b.add("sqrt", (var,), var.shape, var.dtype, src)
+        var = b.add("reshape", (var,), s, var.dtype, src) if var.shape != s else var
+        return var if var.dtype == d else b.add("cast", (var,), s, d, src)
+    return rule
+
+
+RULES: dict[Any, Callable] = {
+    aten.silu.default: _pointwise(_silu),
+    aten.softplus.default: _pointwise(_softplus, beta=1.0, threshold=20.0),
+    aten.gelu.default: _pointwise(_gelu, approximate="none"),
+    aten.hardtanh.default: _pointwise(_hardtanh, min_val=-1.0, max_val=1.0),
+    aten.leaky_relu.default: _pointwise(_leaky_relu, negative_slope=0.01),
+    aten.lerp.Scalar: _pointwise(_lerp, 2, weight=0.5),
+    aten.lerp.Tensor: _pointwise(_lerp, 3),
+    aten.addcmul.default: _pointwise(_addcmul, 3, value=1.0),
+    aten.var.correction: _variance(False),
+    aten.std.correction: _variance(True),
+}
