@@ -3,7 +3,8 @@ for, its inputs and how it is called.
 
 The programs use the idioms real attention code uses: masks from index comparisons or from
 `torch.ones(..., dtype=torch.bool).triu`, filled with -inf, torch.finfo(dtype).min or -1e9, or Hugging Face's
-additive (B, 1, Sq, Skv) mask built outside and passed in, with left padding; RoPE by slicing and torch.cat;
+additive (B, 1, Sq, Skv) mask built outside and passed in, with left padding; RoPE by slicing and torch.cat, or
+GPT-J's step-2 slices stacked back; pointwise weights (sigmoid, SiLU, GELU, softplus, relu6); logsumexp and std;
 lengths, positions and thresholds read off the tensors (`q.shape[-2]`, `k.size(-2)`), as real code reads them;
 multi-output ops (max with its indices, var_mean); q, k, v as arguments, a list or a dict; the scale as a closure
 variable, a keyword, a default or a module global that changes between calls; inputs that require grad.
@@ -28,8 +29,14 @@ DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRE
 # FLASHTENSOR_FUZZ_DTYPES=fp16,bf16 restricts a campaign (a GPU campaign in half precision, say)
 _NAMED = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 DTYPES = tuple(_NAMED[d] for d in os.environ.get("FLASHTENSOR_FUZZ_DTYPES", "fp32,fp16,bf16").split(","))
-ROW_STATS = ("rowmax", "rowsum", "entropy", "rowcount", "rowmaxval", "argmax", "rowvar")
-COL_STATS = ("colsum", "colsq", "colmax", "colany", "colcount", "colvar_mean", "colpool", "colmaxpool", "colcumsum")
+ROW_STATS = ("rowmax", "rowsum", "entropy", "rowcount", "rowmaxval", "argmax", "rowvar", "rowlse")
+COL_STATS = ("colsum", "colsq", "colmax", "colany", "colcount", "colvar_mean", "colpool", "colmaxpool", "colcumsum",
+             "colstd")
+# kind "sigmoid": the pointwise weights of the scores (SiLU, GELU and ReLU attention divide by the key count)
+ACTS: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {
+    "sigmoid": lambda s, n: torch.sigmoid(s), "silu": lambda s, n: F.silu(s) / n, "gelu": lambda s, n: F.gelu(s) / n,
+    "gelu_tanh": lambda s, n: F.gelu(s, approximate="tanh") / n, "softplus": lambda s, n: F.softplus(s) / n,
+    "relu6": lambda s, n: F.relu6(s) / n}
 THRESHOLD_STATS = ("rowcount", "colany", "colcount")
 # the outputs of a statistic with more than one (the others have one, named as the statistic)
 OUTPUTS = {"colvar_mean": ("colvar", "colmean")}
@@ -40,7 +47,7 @@ SCALE = 1.0       # the module global that a program with scale_from "global" re
 @dataclass(frozen=True)
 class Spec:
     """One drawn program: an attention (kind "softmax"/"sigmoid") or a linear attention (kind "linear")."""
-    kind: str
+    kind: str                         # softmax | sigmoid (pointwise: `act`) | linear
     batch: int
     heads: int
     kv_heads: int
@@ -69,6 +76,7 @@ class Spec:
     mask_from: str = "iota"           # iota (index comparisons) | ones (torch.ones(Sq, Skv, dtype=bool).triu/tril)
     pad: int = 0                      # apply "input": each sequence's keys left-padded by up to this many
     rope: bool = False                # q and k rotated by rotate_half (slices and torch.cat), cos/sin as inputs
+    rope_style: str = "half"          # half (rotate_half) | every_two (GPT-J's step-2 slices, stacked, flattened)
     rope_by: str = "slice"            # the tables' rows: slice (the last lengths') | index (by an int64 input of
     #                                   position ids, as transformers did before 4.38: run before the kernels)
     scores_by: str = "matmul"         # q @ k^T | einsum | baddbmm (into zeros, alpha the scale: GPT-NeoX's)
@@ -80,6 +88,7 @@ class Spec:
     scale_from: str = "closure"       # closure (spec.scale) | kwarg | default (a keyword's default) | global
     rescale: Optional[float] = None   # a second call with this scale must give its own answer (the guards)
     grad: bool = False                # q, k, v require grad; the gradients of the outputs are checked too
+    act: str = "sigmoid"              # kind sigmoid: the weights, a key of ACTS
 
 
 def expected_to_fuse(spec: Spec) -> bool:
@@ -120,10 +129,15 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """transformers' apply_rotary_pos_emb; the queries sit at the last q_len of the keys' positions."""
+def _rotate_every_two(x: torch.Tensor) -> torch.Tensor:
+    return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str) -> torch.Tensor:
+    """transformers' apply_rotary_pos_emb (GPT-J's with every_two); the queries sit at the last q_len of the
+    keys' positions."""
     n = x.shape[-2]
-    return x * cos[-n:] + _rotate_half(x) * sin[-n:]
+    return x * cos[-n:] + (_rotate_every_two(x) if style == "every_two" else _rotate_half(x)) * sin[-n:]
 
 
 def masked(spec: Spec, sq: Any, sk: Any, device: Any) -> Optional[torch.Tensor]:
@@ -176,7 +190,7 @@ def probabilities(spec: Spec, q: torch.Tensor, k: torch.Tensor, extra: dict, sca
     if "u" in extra:
         s = s.to(_wide(s.dtype)) - torch.log(extra["u"])
     if spec.kind == "sigmoid":
-        return torch.sigmoid(s)
+        return ACTS[spec.act](s, sk)
     return torch.softmax(s.to(_wide(s.dtype)) if spec.float_probs else s, dim=-1)
 
 
@@ -190,6 +204,7 @@ def _stat(name: str, p: torch.Tensor, spec: Spec) -> tuple[torch.Tensor, ...]:
         "rowmaxval": lambda: (p.max(dim=-1).values,),         # the indices output unused
         "argmax": lambda: (p.max(dim=-1).indices,),
         "rowvar": lambda: (torch.var_mean(p, dim=-1)[0],),    # the mean output unused
+        "rowlse": lambda: (torch.logsumexp(p * 4.0, dim=-1),),
         "colsum": lambda: (p.sum(dim=-2),),
         "colsq": lambda: ((p * p).sum(dim=-2),),
         "colmax": lambda: (p.amax(dim=-2),),
@@ -200,6 +215,7 @@ def _stat(name: str, p: torch.Tensor, spec: Spec) -> tuple[torch.Tensor, ...]:
         "colpool": lambda: (F.avg_pool1d(p.sum(dim=-2), kernel_size=5, padding=2, stride=1),),
         "colmaxpool": lambda: (F.max_pool1d(p.mean(dim=-2), kernel_size=3, padding=1, stride=1),),
         "colcumsum": lambda: (p.sum(dim=-2).cumsum(dim=-1),),
+        "colstd": lambda: (p.std(dim=-2),),
     }[name]()
 
 
@@ -214,7 +230,7 @@ def prepared(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extr
         cos, sin = extra["cos"], extra["sin"]
         if "position_ids" in extra:
             cos, sin = cos[extra["position_ids"]], sin[extra["position_ids"]]
-        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        q, k = _rope(q, cos, sin, spec.rope_style), _rope(k, cos, sin, spec.rope_style)
     return q, _expand_heads(k, spec), _expand_heads(v, spec)
 
 
@@ -375,6 +391,8 @@ def specs(draw) -> Spec:
         pad=draw(st.integers(0, kv_len - 1)) if apply == "input" else 0,
         rope=(rope := draw(st.sampled_from([False] * 5 + [True]))),
         rope_by=draw(st.sampled_from(["slice", "index"])) if rope else "slice",
+        rope_style=draw(st.sampled_from(["half", "every_two"])) if rope else "half",
+        act=draw(st.sampled_from(["sigmoid", "sigmoid", *ACTS])) if kind == "sigmoid" else "sigmoid",
         gate=draw(st.sampled_from([False] * 5 + [True])) and q_len <= kv_len,     # queries at the last q_len keys
         eps=draw(st.sampled_from([1e-6, 1e-9])), scores_by=draw(st.sampled_from(["matmul", "matmul", "einsum", "baddbmm"])),
         **common)
