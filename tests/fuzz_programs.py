@@ -32,9 +32,11 @@ DTYPES = tuple(_NAMED[d] for d in os.environ.get("FLASHTENSOR_FUZZ_DTYPES", "fp3
 ROW_STATS = ("rowmax", "rowsum", "entropy", "rowcount", "rowmaxval", "argmax", "rowvar", "rowlse")
 COL_STATS = ("colsum", "colsq", "colmax", "colany", "colcount", "colvar_mean", "colpool", "colmaxpool", "colcumsum",
              "colstd")
-# kind "sigmoid": the pointwise weights of the scores (SiLU, GELU and ReLU attention divide by the key count)
+# kind "sigmoid": the pointwise weights of the scores (SiLU, GELU and ReLU attention divide by the key count); GELU's
+# scores are clamped below +inf (a planted noise value), where the CPU's vectorised eager GELU gives NaN, CUDA's inf
 ACTS: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {
-    "sigmoid": lambda s, n: torch.sigmoid(s), "silu": lambda s, n: F.silu(s) / n, "gelu": lambda s, n: F.gelu(s) / n,
+    "sigmoid": lambda s, n: torch.sigmoid(s), "silu": lambda s, n: F.silu(s) / n,
+    "gelu": lambda s, n: F.gelu(s.clamp(max=1e4)) / n,
     "gelu_tanh": lambda s, n: F.gelu(s, approximate="tanh") / n, "softplus": lambda s, n: F.softplus(s) / n,
     "relu6": lambda s, n: F.relu6(s) / n}
 THRESHOLD_STATS = ("rowcount", "colany", "colcount")
