@@ -3,7 +3,8 @@ for, its inputs and how it is called.
 
 The programs use the idioms real attention code uses: masks from index comparisons or from
 `torch.ones(..., dtype=torch.bool).triu`, filled with -inf, torch.finfo(dtype).min or -1e9, or Hugging Face's
-additive (B, 1, Sq, Skv) mask built outside and passed in, with left padding; RoPE by slicing and torch.cat, or
+additive (B, 1, Sq, Skv) mask built outside and passed in, with left padding, the masked scores clamped at
+finfo.min by torch.max; RoPE by slicing and torch.cat, or
 GPT-J's step-2 slices stacked back; pointwise weights (sigmoid, SiLU, GELU, softplus, relu6); logsumexp and std;
 lengths, positions and thresholds read off the tensors (`q.shape[-2]`, `k.size(-2)`), as real code reads them;
 multi-output ops (max with its indices, var_mean); q, k, v as arguments, a list or a dict; the scale as a closure
@@ -91,6 +92,7 @@ class Spec:
     rescale: Optional[float] = None   # a second call with this scale must give its own answer (the guards)
     grad: bool = False                # q, k, v require grad; the gradients of the outputs are checked too
     act: str = "sigmoid"              # kind sigmoid: the weights, a key of ACTS
+    floor: bool = False               # the masked scores clamped at finfo.min by torch.max (the H2O repository's)
 
 
 def expected_to_fuse(spec: Spec) -> bool:
@@ -189,6 +191,8 @@ def probabilities(spec: Spec, q: torch.Tensor, k: torch.Tensor, extra: dict, sca
             s = torch.where(m, torch.full_like(s, fill), s)
         else:
             s = s + torch.zeros(m.shape, dtype=s.dtype, device=s.device).masked_fill(m, fill)
+    if spec.floor:
+        s = torch.max(s, torch.tensor(torch.finfo(s.dtype).min, device=s.device))
     if "u" in extra:
         s = s.to(_wide(s.dtype)) - torch.log(extra["u"])
     if spec.kind == "sigmoid":
@@ -395,6 +399,7 @@ def specs(draw) -> Spec:
         rope_by=draw(st.sampled_from(["slice", "index"])) if rope else "slice",
         rope_style=draw(st.sampled_from(["half", "every_two"])) if rope else "half",
         act=draw(st.sampled_from(["sigmoid", "sigmoid", *ACTS])) if kind == "sigmoid" else "sigmoid",
+        floor=draw(st.sampled_from([False, False, True])),
         gate=draw(st.sampled_from([False] * 5 + [True])) and q_len <= kv_len,     # queries at the last q_len keys
         eps=draw(st.sampled_from([1e-6, 1e-9])), scores_by=draw(st.sampled_from(["matmul", "matmul", "einsum", "baddbmm"])),
         **common)

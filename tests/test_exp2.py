@@ -164,3 +164,36 @@ def test_an_input_under_an_exp_is_not_scaled_past_float32(dtype):
     consts = [a for n in fold_exp2(loops, through_half=True).nodes if n.op == "mul" for a in n.args
               if isinstance(a, float)]
     assert not any(abs(c - 0.25 * LOG2E) < 1e-12 for c in consts), consts    # the rounded sum keeps its scale
+
+
+def _clamped(s, mask):
+    """The H2O repository's clamp after the mask: torch.max(s + mask, finfo.min)."""
+    return torch.max(s + mask, torch.tensor(torch.finfo(s.dtype).min))
+
+
+def _tempered(s, mask, t):
+    """A per-head temperature input multiplying the masked scores."""
+    return (s + mask) * t[:, None, None]
+
+
+@pytest.mark.parametrize("through", ["clamp", "maximum", "temperature"])
+def test_a_huge_constant_through_a_maximum_or_product_is_not_scaled_past_float32(through):
+    """finfo.min reaching an exp through torch.max(x, finfo.min) (the H2O repository), clamp(min=finfo.min) or a
+    product with an input (a temperature): folding log2 e in would make a fully masked row's scores -inf and its
+    probabilities NaN where eager gives a uniform row, so such an exp stays exp2((x - m) * log2 e)."""
+    def fn(q, k, mask, t):
+        s = q @ k.transpose(-1, -2) * 0.25
+        s = {"clamp": lambda: (s + mask).clamp(min=torch.finfo(s.dtype).min), "maximum": lambda: _clamped(s, mask),
+             "temperature": lambda: _tempered(s, mask, t)}[through]()
+        return torch.softmax(s, dim=-1)
+
+    g = torch.Generator().manual_seed(3)
+    q, k = torch.randn(2, 24, 16, generator=g), torch.randn(2, 24, 16, generator=g)
+    keep = torch.ones(2, 24, 24).tril()
+    keep[0, :, :5] = 0                                      # batch 0's first five rows see no key
+    mask = (1 - keep) * torch.finfo(torch.float32).min
+    args = (q, k, mask, torch.tensor([1.0, 0.75]))
+    loops, ins = _loops(fn, args)
+    out = evaluate_loops(fold_exp2(loops, through_half=True), ins)[0]
+    assert torch.isfinite(out).all()
+    assert rel_err(out, fn(*args)) < 1e-6

@@ -170,6 +170,13 @@ def largest(x, c: float = 1.0) -> float:
         return largest(a[0], c)
     if op == "where":
         return max(largest(a[1], c), largest(a[2], c))
+    if op in ("maximum", "minimum"):      # torch.max(s, finfo.min), H2O's clamp: either operand's value
+        return max(largest(a[0], c), largest(a[1], c))
+    if op == "mul":                       # of two values: a huge one times an input, or a moderate value
+        big, other = largest(a[0], c), largest(a[1])
+        return big * other if big and other else max(big, other * c)
+    if op == "div":                       # a huge value over another may be larger still
+        return math.inf if largest(a[0], c) else 0.0
     return 0.0
 
 
