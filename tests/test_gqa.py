@@ -1,11 +1,14 @@
 """Statistics of attention probabilities over a GQA head group or over all heads, as KV-cache methods score
 them per kv head (H2O, SnapKV, RoCo; token-importance maps): the mean over the group or the heads comes
 before the column sums in the program, and the kernels sum per head first (transform/sums.py), then over
-the group in a thin kernel (partition/plan.py's nested cut). No Sq x Sk value crosses a kernel boundary."""
+the group in a thin kernel (partition/plan.py's nested cut). No Sq x Sk value crosses a kernel boundary.
+An output projection after GQA attention contracts over the kv head, the group and the head dimension at once:
+one merged variable (transform/sums.py's merge_contractions), the attention output stored between kernels."""
 import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from conftest import compiled_matches_eager
 
@@ -67,3 +70,28 @@ def test_group_statistics_fuse_with_thin_boundaries(fn, dtype):
         for b in kern.buffers:
             if b.kind == "intermediate":
                 assert math.prod(b.shape) < S * S, (kern.name, b.shape)
+
+
+def _attention_out(q, k, v):
+    p = _probs(q, k)
+    return p, (p.to(q.dtype) @ repeat_kv(v, G)).transpose(1, 2).reshape(B, S, KV * G * D)
+
+
+def projected(q, k, v, w):
+    return F.linear(_attention_out(q, k, v)[1], w)
+
+
+def projected_with_weights(q, k, v, w):
+    p, o = _attention_out(q, k, v)
+    return F.linear(o, w), p
+
+
+@pytest.mark.parametrize("fn", [projected, projected_with_weights])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_output_projection_fuses(fn, dtype):
+    g = torch.Generator().manual_seed(8)
+    q = torch.randn(B, KV * G, S, D, generator=g).to(dtype)
+    k, v = (torch.randn(B, KV, S, D, generator=g).to(dtype) for _ in range(2))
+    w = (torch.randn(KV * G * D, KV * G * D, generator=g) / (KV * G * D) ** 0.5).to(dtype)
+    prog = compiled_matches_eager(fn, (q, k, v, w))[1].program_for((q, k, v, w))
+    assert prog.launches and not prog.notes, prog.notes

@@ -159,10 +159,14 @@ class Tiles(abc.ABC):
 
     def load_intermediate(self, n: LNode, out: str, lines: list[str]) -> str:
         """Load an earlier kernel's value of n over this tile; an `at` node's stored value at its index map,
-        0 where the index leaves the stored range."""
+        0 where the index leaves the stored range, and its merged variables as one: they are adjacent in the
+        buffer, so the merged variable steps by the innermost one's stride."""
         tv = self.tvars(n)
         index = dict(n.attrs["map"]) if n.op == "at" else {}
         buf, strides = self.intermediate(stored(n), written=False)
+        if "merged" in n.attrs:
+            group, var = n.attrs["merged"]
+            strides = {var if v is group[-1] else v: st for v, st in strides.items() if v not in group[:-1]}
         at = [(index.get(v, Affine.of(v)), st) for v, st in strides.items()]
         off = self.offset(at, tv)
         mask = self.index_mask(tv, ((e, v.extent) for v, e in index.items()))

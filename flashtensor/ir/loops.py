@@ -196,13 +196,16 @@ def var_union(*groups: Sequence[Var]) -> tuple[Var, ...]:
 
 def node_vars(op: str, args: tuple, attrs: dict) -> tuple[Var, ...]:
     """The variables a computed node depends on: its operands', less the one a reduction removes; an `at` node's
-    are its stored value's, with those its index map replaces swapped for the map's."""
+    are its stored value's, with those its index map replaces swapped for the map's, and those it merges (`merged`:
+    adjacent variables of the stored value read as one row-major variable) for the one."""
     vs = var_union(*(a.vars for a in args if isinstance(a, LNode)))
     if op == "reduce":
         return tuple(v for v in vs if v is not attrs["var"])
     if op == "at":
         index = dict(attrs["map"])
-        return var_union([v for v in vs if v not in index], *(e.vars for e in index.values()))
+        group, var = attrs.get("merged", ((), None))
+        return var_union([v for v in vs if v not in index and v not in group], *(e.vars for e in index.values()),
+                         [var] if var is not None else [])
     return vs
 
 
@@ -222,7 +225,9 @@ def format_node(n: LNode) -> str:
     elif n.op == "reduce":
         body = f"{n.attrs['kind']}_{n.attrs['var']}({n.args[0]!r})"
     elif n.op == "at":
-        body = f"at({n.args[0]!r}[" + ", ".join(f"{v} := {e}" for v, e in n.attrs["map"]) + "])"
+        merged = [f"({', '.join(map(repr, n.attrs['merged'][0]))}) := {n.attrs['merged'][1]}"] \
+            if "merged" in n.attrs else []
+        body = f"at({n.args[0]!r}[" + ", ".join([f"{v} := {e}" for v, e in n.attrs["map"]] + merged) + "])"
     else:
         body = f"{n.op}(" + ", ".join(repr(a) for a in n.args) + ")"
     return f"%{n.name}: {dt}[{', '.join(map(repr, n.vars))}] = {body}" + ("  # rounded" if n.attrs.get(ROUNDS) else "")
@@ -332,15 +337,22 @@ def _eval_node(n: LNode, vals, args, device) -> torch.Tensor:
 
 
 def _at(n: LNode, src: torch.Tensor, device) -> torch.Tensor:
-    """A stored value (dims: its node's variables) read at n's index map; 0 where the index leaves its range."""
+    """A stored value (dims: its node's variables) read at n's index map, its merged variables as one dim; 0 where
+    the index leaves its range."""
     base = n.args[0]
     index = dict(n.attrs["map"])
     if not base.vars:
         return src.reshape(()).expand([v.extent for v in n.vars])
-    src = src.expand([v.extent for v in base.vars])
-    idx = [_index_grid(index.get(v, Affine.of(v)), n.vars, device) for v in base.vars]
-    t = src[tuple(i.clamp(0, max(v.extent - 1, 0)) for i, v in zip(idx, base.vars))]
-    for i, v in zip(idx, base.vars):
+    dims = list(base.vars)
+    src = src.expand([v.extent for v in dims])
+    if "merged" in n.attrs:
+        group, var = n.attrs["merged"]
+        at = dims.index(group[0])
+        dims[at:at + len(group)] = [var]
+        src = src.reshape([v.extent for v in dims])
+    idx = [_index_grid(index.get(v, Affine.of(v)), n.vars, device) for v in dims]
+    t = src[tuple(i.clamp(0, max(v.extent - 1, 0)) for i, v in zip(idx, dims))]
+    for i, v in zip(idx, dims):
         if v in index:
             t = torch.where((i >= 0) & (i < v.extent), t, torch.zeros((), dtype=t.dtype, device=device))
     return t.expand([v.extent for v in n.vars])
@@ -354,6 +366,31 @@ def reindexed(index_map: Sequence[tuple[Var, Affine]], base: LNode, sub: dict[Va
     index = {v: (expr or (lambda e: e.substitute(sub)))(e) for v, e in index_map}
     index.update({v: sub[v] for v in base.vars if v not in index and v in sub})
     return tuple(sorted(((v, e) for v, e in index.items() if e != Affine.of(v)), key=lambda x: x[0].id))
+
+
+def substituted(x: LNode, sub: dict[Var, Affine], table: NodeTable, memo: dict[int, LNode]) -> LNode:
+    """x with the variables of `sub` replaced by their expressions (through the table, so equal structures are the
+    program's own nodes), not where a reduction binds them; `memo` keeps what one substitution made."""
+    if not set(sub) & set(x.vars):
+        return x
+    if x.op == "reduce" and x.attrs["var"] in sub:
+        return substituted(x, {v: e for v, e in sub.items() if v is not x.attrs["var"]}, table, {})
+    if id(x) not in memo:
+        attrs = dict(x.attrs)
+        if x.op == "load":
+            attrs["index"] = [e.substitute(sub) for e in x.attrs["index"]]
+            memo[id(x)] = table.get(x.op, x.args, x.dtype, var_union(*(e.vars for e in attrs["index"])), attrs)
+        elif x.op == "iota":
+            attrs["expr"] = x.attrs["expr"].substitute(sub)
+            memo[id(x)] = table.get(x.op, x.args, x.dtype, var_union(attrs["expr"].vars), attrs)
+        else:
+            if x.op == "at":      # the stored value stays; its read takes the expressions
+                attrs["map"] = reindexed(x.attrs["map"], x.args[0], sub)
+                args = x.args
+            else:
+                args = tuple(substituted(a, sub, table, memo) if isinstance(a, LNode) else a for a in x.args)
+            memo[id(x)] = table.get(x.op, args, x.dtype, node_vars(x.op, args, attrs), attrs)
+    return memo[id(x)]
 
 
 def stored(n: LNode) -> LNode:

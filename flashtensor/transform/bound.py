@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..ir.loops import Affine, LNode, LoopGraph, NodeTable, Var, loop_topo, node_vars, rebuilt, reindexed, var_union
+from ..ir.loops import Affine, LNode, LoopGraph, NodeTable, Var, loop_topo, node_vars, rebuilt, substituted
 
 
 def share_reductions(g: LoopGraph, through_half: bool) -> LoopGraph:
@@ -53,7 +53,7 @@ def _renamed(r: LNode, table: NodeTable, computed: set[int], loads: list[LNode])
         if v in used or v.extent != u.extent:
             continue
         memo: dict[int, LNode] = {}
-        out = _substituted(arg, u, v, table, memo)
+        out = substituted(arg, {u: Affine.of(v)}, table, memo)
         if any(id(x) in computed for x in memo.values()):
             return _node(table, "reduce", (out,), r.dtype, {**r.attrs, "var": v})
     return None
@@ -73,26 +73,3 @@ def _copies(u: Var, inside: list[LNode], loads: list[LNode]) -> list[Var]:
                 if v not in out and [e.substitute(sub) for e in a.attrs["index"]] == list(b.attrs["index"]):
                     out.append(v)
     return out
-
-
-def _substituted(x: LNode, u: Var, v: Var, table: NodeTable, memo: dict[int, LNode]) -> LNode:
-    """x with variable u renamed v (through the table, so equal structures are the program's own nodes)."""
-    if u not in x.vars:
-        return x
-    if id(x) not in memo:
-        sub = {u: Affine.of(v)}
-        attrs = dict(x.attrs)
-        if x.op == "load":
-            attrs["index"] = [e.substitute(sub) for e in x.attrs["index"]]
-            vs = var_union(*(e.vars for e in attrs["index"]))
-            memo[id(x)] = table.get(x.op, x.args, x.dtype, vs, attrs)
-        elif x.op == "iota":
-            attrs["expr"] = x.attrs["expr"].substitute(sub)
-            memo[id(x)] = table.get(x.op, x.args, x.dtype, var_union(attrs["expr"].vars), attrs)
-        elif x.op == "at":      # the stored value stays; its read takes v where it took u
-            attrs["map"] = reindexed(x.attrs["map"], x.args[0], sub)
-            memo[id(x)] = _node(table, x.op, x.args, x.dtype, attrs)
-        else:
-            args = tuple(_substituted(a, u, v, table, memo) if isinstance(a, LNode) else a for a in x.args)
-            memo[id(x)] = _node(table, x.op, args, x.dtype, attrs)
-    return memo[id(x)]

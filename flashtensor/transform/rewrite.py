@@ -13,12 +13,13 @@ from typing import Callable
 from ..ir.loops import LoopGraph
 from .bound import share_reductions
 from .exp2 import fold_exp2
-from .sums import commute_sums
+from .sums import commute_sums, merge_contractions
 
 Rewrite = Callable[[LoopGraph, bool], LoopGraph]
 REWRITES: list[tuple[str, Rewrite]] = [
     ("a reduction over a copy of a variable: renamed onto the variable where that shares work", share_reductions),
     ("nested sums: the long variable inside", commute_sums),
+    ("a contraction over three or more variables: over one merged variable where they merge", merge_contractions),
     ("exp -> exp2 with log2 e folded into the argument", fold_exp2),
 ]
 
