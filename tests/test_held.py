@@ -82,7 +82,7 @@ def test_table_gives_torch_compiles_time_and_ratio_where_timed():
 def test_compare_with_exact():
     """The float64 rule: a half output that misses eager passes where it is as near the exact answer as eager
     plus the slack; a float32 one only where eager itself is ill-conditioned, or with a half-precision slack where
-    the program computes in half precision; where float64 is not finite but eager is, the output is held to
+    the program computes in half precision, or where it is no farther from float64 than eager; where float64 is not finite but eager is, the output is held to
     eager."""
     exact = torch.linspace(1, 2, 1000, dtype=torch.float64)
     eager = (exact * (1 + 4e-3)).half()                  # eager 4e-3 from float64
@@ -110,3 +110,10 @@ def test_compare_with_exact():
     e32, o32 = (exact * (1 + 1e-2)).float(), (exact * (1 - 1.05e-2)).float()
     assert not compare_with_exact(o32, e32, exact).ok
     assert compare_with_exact(o32, e32, exact, torch.bfloat16).ok
+    # a float32 sum that cancels to 0 exactly, which eager's order leaves at 1e-7: the exact output passes, one
+    # farther from float64 than eager does not
+    zero = torch.zeros(16, dtype=torch.float64)
+    residue = torch.zeros(16)
+    residue[3] = -6e-8
+    assert compare_with_exact(zero.float(), residue, zero).ok
+    assert not compare_with_exact(residue * 3, residue, zero).ok

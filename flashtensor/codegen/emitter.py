@@ -289,12 +289,21 @@ class Emitter(Tiles):
                     num.append(folded)
                     factors[i] = factors[j] = (1.0, 0)
                     break
-        num += [self.arg(f, tv, ctx) for f, p in factors if p > 0]
+        quotients: dict[int, str] = {}      # a factor's position -> it divided by a thin divisor, on its tile
+        thin = [i for i, (f, p) in enumerate(factors) if p < 0 and isinstance(f, LNode) and
+                forms.thin_divisor in forms.FORMS and len(self.tvars(f)) < len(tv)]
+        for i in thin:
+            for j, (e, q) in enumerate(factors):
+                if factors[i][1] == -1 and q == 1 and j not in quotients and \
+                        (quot := forms.thin_quotient(self, e, factors[i][0], tv, ctx, lines)) is not None:
+                    quotients[j], factors[i] = quot, (1.0, 0)
+                    break
+        num += [quotients.get(j) or self.arg(f, tv, ctx) for j, (f, p) in enumerate(factors) if p > 0]
         den = []
-        for f, p in factors:
+        for i, (f, p) in enumerate(factors):
             if p >= 0:
                 continue
-            if forms.thin_divisor in forms.FORMS and len(self.tvars(f) if isinstance(f, LNode) else []) < len(tv):
+            if i in thin:
                 num.append(forms.reciprocal(self, f, tv, ctx, lines))
             else:
                 den.append(self.arg(f, tv, ctx))

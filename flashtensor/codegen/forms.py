@@ -30,11 +30,26 @@ def normalised_exp(em: Tiles, n: LNode, tv: list[Var], ctx: Optional[Body], line
 
 
 def thin_divisor(em: Tiles, n: LNode, tv: list[Var], ctx: Optional[Body], lines: list[str]) -> Optional[str]:
-    """x / d with d over fewer variables than the tile: x times d's reciprocal (see reciprocal)."""
+    """x / d with d over fewer variables than the tile: divided on d's tile where x varies no more than d (see
+    thin_quotient), else x times d's reciprocal (see reciprocal)."""
     if n.op != "div" or not isinstance(n.args[1], LNode) or len(em.tvars(n.args[1])) >= len(tv):
         return None
+    if (q := thin_quotient(em, n.args[0], n.args[1], tv, ctx, lines)) is not None:
+        return em.rounded(n, q)
     rcp = reciprocal(em, n.args[1], tv, ctx, lines)
     return em.rounded(n, f"({em.arg(n.args[0], tv, ctx)} * {rcp})")
+
+
+def thin_quotient(em: Tiles, x: Any, d: LNode, tv: list[Var], ctx: Optional[Body], lines: list[str]) -> Optional[str]:
+    """x / d computed on d's own tile and broadcast to tv, where x varies over none of tv's other variables: as
+    many divisions as the reciprocal would take, and eager's correctly rounded quotient (x / |x| is exactly 1,
+    which x * (1 / |x|) may miss by an ulp: SimA's L1 normalisation over one token gives signs that cancel)."""
+    have = em.tvars(d)
+    if not isinstance(x, LNode) or not set(em.tvars(x)) <= set(have):
+        return None
+    q = em.fresh("quot")
+    lines.append(f"{q} = {em.arg(x, have, ctx)} / {em.arg(d, have, ctx)}")
+    return em.bcast(q, have, tv)
 
 
 def identity_operand(em: Tiles, n: LNode, tv: list[Var], ctx: Optional[Body], lines: list[str]) -> Optional[str]:
