@@ -77,9 +77,10 @@ def main() -> int:
         total.update(got)
         how = "stopped at the time limit" if i in stopped else f"exit {proc.returncode}"
         print(f"seed {seeds[i]}: " + ", ".join(f"{k} {v}" for k, v in sorted(got.items())) + f" ({how})")
-        fails = logs / f"{i}.log.fails"
-        if fails.exists():
-            print(fails.read_text(), end="")
+        fails, unfused = logs / f"{i}.log.fails", logs / f"{i}.log.unfused"
+        for listed in (fails, unfused):       # failures, then programs expected to fuse that did not
+            if listed.exists():
+                print(listed.read_text(), end="")
         if got["fail"] or (i not in stopped and proc.returncode):
             failed = True
         if i not in stopped and proc.returncode and not fails.exists():

@@ -273,9 +273,14 @@ if SEED is not None:
 
 
 def _log(result: str, spec: Spec) -> None:
+    """The outcome and whether the program was expected to fuse; one expected to fuse that did not also goes to
+    LOG's ".unfused" file, to replay."""
     if LOG:
         with open(LOG, "a") as f:
             f.write(f"{result} {int(expected_to_fuse(spec))}\n")
+        if expected_to_fuse(spec) and result not in ("fused", "fail"):
+            with open(f"{LOG}.unfused", "a") as f:
+                f.write(f"{spec!r}\n    {result}\n")
 
 
 def _log_failure(spec: Spec, e: Exception) -> None:
