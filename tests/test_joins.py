@@ -70,6 +70,16 @@ def reversed_quarters(q, k):
     return torch.softmax(flip4(q) @ flip4(k).transpose(-2, -1), dim=-1).sum(dim=-2)
 
 
+def window_mask_added(q, k, m):
+    """SnapKV's in-place add of a causal mask into the window's last keys (`w[..., -8:, -8:] += mask`: a tensor
+    written into a window, a slice_scatter of it and a copy), and the first query's scores replaced by the
+    second's (a select_scatter of a tensor): the base around each window joined by a cat."""
+    w = q @ k.transpose(-1, -2) / 4.0
+    w[:, :, -8:, -8:] += m
+    w[:, :, 0] = w[:, :, 1]
+    return torch.softmax(w, dim=-1).sum(dim=-2)
+
+
 CASES = {
     "kv_cache_append": (kv_cache_append, lambda dt: (rand(1, 2, 40, 16, seed=1, dtype=dt),
                                                       rand(1, 2, 29, 16, seed=2, dtype=dt),
@@ -89,6 +99,11 @@ CASES = {
     "gptj_rope_attention": (gptj_rope_attention, lambda dt: (*(rand(1, 2, 40, 16, seed=s, dtype=dt) for s in (18, 19, 20)),
                                                               rand(40, 16, seed=21, dtype=dt).sin(),
                                                               rand(40, 16, seed=21, dtype=dt).cos())),
+    "window_mask_added": (window_mask_added, lambda dt: (rand(2, 2, 24, 16, seed=24, dtype=dt),
+                                                          rand(2, 2, 40, 16, seed=25, dtype=dt),
+                                                          torch.zeros(8, 8).masked_fill(
+                                                              torch.ones(8, 8, dtype=torch.bool).triu(1), -1e4)
+                                                          .to(dt))),
     "reversed_quarters": (reversed_quarters, lambda dt: (rand(2, 24, 16, seed=22, dtype=dt),
                                                           rand(2, 40, 16, seed=23, dtype=dt))),
 }

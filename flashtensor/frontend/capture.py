@@ -28,7 +28,7 @@ from ..ir.sizes import same
 from . import activations, layout, norms, pooling, scan
 from .checks import check_fill
 from .eager import EagerOnly, raise_if_eager_rejects, torch_logs_to_debug, whole, why_untraced
-from .scatter import scatter
+from .scatter import copied, scatter
 from .source import SourceRecorder
 from .symbolic import Matmuls, fixed_sizes, size_oblivious, size_sources, symbolic_inputs
 
@@ -570,7 +570,7 @@ _RULES: dict[Any, Callable] = {
     **layout.RULES, **pooling.RULES, **scan.RULES, **activations.RULES,
     aten.elu.default: _with_params("elu", alpha=1.0, scale=1.0, input_scale=1.0),
     aten.nan_to_num.default: _with_params("nan_to_num", nan=None, posinf=None, neginf=None),
-    aten.slice_scatter.default: scatter(False), aten.select_scatter.default: scatter(True),
+    aten.slice_scatter.default: scatter(False), aten.select_scatter.default: scatter(True), aten.copy.default: copied,
 }
 
 

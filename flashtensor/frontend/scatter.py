@@ -1,5 +1,6 @@
 """Capture rules for slice and select assignment (`s[..., :5, :] = -inf`), which functionalisation turns into
-slice_scatter and select_scatter: a where over the written index range of the base."""
+slice_scatter and select_scatter: a where over the written index range of the base, or, where the written value
+is a tensor in the window's own coordinates, a cat of the base around it."""
 from __future__ import annotations
 
 import torch
@@ -24,10 +25,26 @@ def scatter(select: bool):
             lo, hi = (min(max(x + s[dim] if x < 0 else x, 0), s[dim]) for x in (lo, hi))
         value = _lifted(b, val, base, dim, lo, select, s, d, src)
         if value is None:
-            return None
+            return _joined(b, base, val, dim, lo, hi, select, s, d, src)
         return b.add("where", (_window(b, s, dim, lo, hi, base.device, src), value, base), s, d, src,
                      window=(dim, lo, hi))
     return rule
+
+
+def _joined(b, base, val, dim, lo, hi, select, s, d, src):
+    """A written tensor in the window's own coordinates (SnapKV's `w[..., -8:, -8:] += mask`): the base before the
+    window, the value, and the base after it, joined by a cat along `dim`, whose pieces the loop form reads
+    shifted."""
+    if not isinstance(val, Node) or (hi - lo) * (1 if select else 0) > 1:
+        return None
+    if select:
+        val = b.add("reshape", (val,), (*s[:dim], 1, *s[dim + 1:]), val.dtype, src)
+    if tuple(val.shape) != (*s[:dim], hi - lo, *s[dim + 1:]):
+        return None
+    val = val if val.dtype == d else b.add("cast", (val,), val.shape, d, src)
+    pieces = [b.add("slice", (base,), (*s[:dim], n, *s[dim + 1:]), d, src, dim=dim, start=at) if x is None else x
+              for x, at, n in ((None, 0, lo), (val, lo, hi - lo), (None, hi, s[dim] - hi)) if n > 0]
+    return pieces[0] if len(pieces) == 1 else b.add("cat", tuple(pieces), s, d, src, dim=dim)
 
 
 def _window(b, s, dim, lo, hi, device, src):
@@ -61,3 +78,14 @@ def _lifted(b, v, base, dim, lo, select, s, d, src):
             return None
         return b.add("where", (_window(b, s, d2, lo2, hi2, base.device, src), x, y), s, d, src, window=(d2, lo2, hi2))
     return None
+
+
+def copied(b, a, kw, s, d, src):
+    """aten.copy (what functionalisation makes of a slice written back into itself, `w[..., -8:] += m`): the
+    source broadcast to the destination's shape in its dtype."""
+    val = a[1]
+    if not isinstance(val, Node):
+        return None
+    if tuple(val.shape) != tuple(s):
+        val = b.add("expand", (val,), s, val.dtype, src)
+    return val if val.dtype == d else b.add("cast", (val,), s, d, src)
