@@ -1,7 +1,8 @@
-"""Attention as older Hugging Face models write it (GPT-2, GPT-Neo, CodeGen, Bloom, Falcon, OPT): masks as 0-d
-finfo.min tensors selected by torch.where, a scale as a 0-d tensor, ALiBi by baddbmm into the bias, bool masks
-filled with finfo.min or -1e9, and OPT's clamp of the masked scores at finfo.min by torch.max. Each fuses and
-keeps eager's answer under the contract in fp32, fp16 and bf16, rows that see no key (left padding) included."""
+"""Attention as older Hugging Face models write it (GPT-2, GPT-Neo, CodeGen, Bloom, Falcon, OPT), and SnapKV's
+update_kv as its repository does: masks as 0-d finfo.min tensors selected by torch.where, a scale as a 0-d
+tensor, ALiBi by baddbmm into the bias, bool masks filled with finfo.min or -1e9, and OPT's clamp of the masked
+scores at finfo.min by torch.max. Each fuses (SnapKV's vote; its topk and gathers run in eager) and keeps eager's
+answer under the contract in fp32, fp16 and bf16, rows that see no key (left padding) included."""
 import math
 
 import pytest
@@ -100,3 +101,38 @@ def test_older_models_attention_fuses_and_matches_eager(fn, dtype):
         assert m.ok, m.problem
     (program,) = compiled.programs.values()
     assert program.launches and not program.notes, program.notes
+
+
+def snapkv_update_kv(key_states, query_states, value_states, window_size=8, max_capacity_prompt=24, kernel_size=5):
+    """SnapKV's update_kv as its repository writes it: the window's scores with a causal mask added in place into
+    their last keys, softmax, the vote summed over the window and pooled, then topk and gather of the kept keys."""
+    head_dim = query_states.shape[-1]
+    attn_weights = torch.matmul(query_states[..., -window_size:, :], key_states.transpose(2, 3)) / math.sqrt(head_dim)
+    mask = torch.full((window_size, window_size), torch.finfo(attn_weights.dtype).min)
+    mask_cond = torch.arange(mask.size(-1))
+    mask.masked_fill_(mask_cond < (mask_cond + 1).view(mask.size(-1), 1), 0)
+    attn_weights[:, :, -window_size:, -window_size:] += mask[None, None, :, :]
+    attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query_states.dtype)
+    attn_weights_sum = attn_weights[:, :, -window_size:, : -window_size].sum(dim=-2)
+    attn_cache = nn.functional.avg_pool1d(attn_weights_sum, kernel_size=kernel_size, padding=kernel_size // 2,
+                                          stride=1)
+    indices = attn_cache.topk(max_capacity_prompt - window_size, dim=-1).indices
+    indices = indices.unsqueeze(-1).expand(-1, -1, -1, head_dim)
+    k_past_compress = key_states[:, :, :-window_size, :].gather(dim=2, index=indices)
+    v_past_compress = value_states[:, :, :-window_size, :].gather(dim=2, index=indices)
+    return (torch.cat([k_past_compress, key_states[:, :, -window_size:, :]], dim=2),
+            torch.cat([v_past_compress, value_states[:, :, -window_size:, :]], dim=2))
+
+
+def test_snapkv_update_kv_fuses_its_vote():
+    """The vote runs in kernels (the in-place add of the mask included); only topk and the gathers that read its
+    indices run in eager. float32: in half precision, votes equal after rounding may come out of topk in
+    another order, as eager's on another device may."""
+    g = torch.Generator().manual_seed(7)
+    k, q, v = (torch.randn(1, 2, 64, 16, generator=g) for _ in range(3))
+    compiled = ft.compile(snapkv_update_kv, cache=False)
+    for m in check_outputs(snapkv_update_kv, (k, q, v), compiled(k, q, v), snapkv_update_kv(k, q, v)):
+        assert m.ok, m.problem
+    (program,) = compiled.programs.values()
+    assert program.launches
+    assert all("aten.topk" in n or "aten.gather" in n for n in program.notes), program.notes
