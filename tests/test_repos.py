@@ -1,8 +1,9 @@
-"""Attention as older Hugging Face models write it (GPT-2, GPT-Neo, CodeGen, Bloom, Falcon, OPT), and SnapKV's
-update_kv as its repository does: masks as 0-d finfo.min tensors selected by torch.where, a scale as a 0-d
-tensor, ALiBi by baddbmm into the bias, bool masks filled with finfo.min or -1e9, and OPT's clamp of the masked
-scores at finfo.min by torch.max. Each fuses (SnapKV's vote; its topk and gathers run in eager) and keeps eager's
-answer under the contract in fp32, fp16 and bf16, rows that see no key (left padding) included."""
+"""Attention as older Hugging Face models write it (GPT-2, GPT-Neo, CodeGen, Bloom, Falcon, OPT), and the
+Differential Transformer's and SnapKV's as their repositories do: masks as 0-d finfo.min tensors selected by
+torch.where, a scale as a 0-d tensor, ALiBi by baddbmm into the bias, bool masks filled with finfo.min or -1e9,
+and OPT's clamp of the masked scores at finfo.min by torch.max. Each fuses (SnapKV's vote; its topk and gathers
+run in eager) and keeps eager's answer under the contract in fp32, fp16 and bf16, rows that see no key (left
+padding) included."""
 import math
 
 import pytest
@@ -73,6 +74,24 @@ def opt(query, key, value, attention_mask):
     return torch.matmul(attn_weights, value)
 
 
+def diff_transformer(q, k, v, attn_mask, lambda_q1, lambda_k1, lambda_q2, lambda_k2, subln_weight):
+    """The Differential Transformer's MultiheadDiffAttn: two softmax maps per head (heads viewed in pairs), the
+    second subtracted with a learned lambda, then F.rms_norm per head (its eps added in place) and the scale."""
+    bsz, two_heads, tgt_len, head_dim = q.shape
+    lambda_init = 0.8
+    attn_weights = torch.matmul(q * head_dim ** -0.5, k.transpose(-1, -2))
+    attn_weights = torch.nan_to_num(attn_weights)
+    attn_weights += attn_mask
+    attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).type_as(attn_weights)
+    lambda_1 = torch.exp(torch.sum(lambda_q1 * lambda_k1, dim=-1).float()).type_as(q)
+    lambda_2 = torch.exp(torch.sum(lambda_q2 * lambda_k2, dim=-1).float()).type_as(q)
+    lambda_full = lambda_1 - lambda_2 + lambda_init
+    attn_weights = attn_weights.view(bsz, two_heads // 2, 2, tgt_len, tgt_len)
+    attn_weights = attn_weights[:, :, 0] - lambda_full * attn_weights[:, :, 1]
+    attn = nn.functional.rms_norm(torch.matmul(attn_weights, v), (v.shape[-1],), subln_weight, eps=1e-5)
+    return (attn * (1 - lambda_init)).transpose(1, 2).reshape(bsz, tgt_len, two_heads * head_dim)
+
+
 def _args(fn, dtype):
     b, h, s, d = 2, 2, 40, 16
     g = torch.Generator().manual_seed(len(fn.__name__))
@@ -86,13 +105,17 @@ def _args(fn, dtype):
         slopes = torch.tensor([2.0 ** (-8 * (i + 1) / h) for i in range(h)])
         alibi = (slopes[:, None] * torch.arange(s)[None, :]).repeat(b, 1)[:, None, :].to(dtype)
         return q, k, v, alibi, ~keep
+    if fn is diff_transformer:
+        lambdas = (torch.randn(d, generator=g).to(dtype) / 10 for _ in range(4))
+        return (q, k, torch.randn(b, h // 2, s, 2 * d, generator=g).to(dtype),
+                torch.full((s, s), -math.inf).triu(1).to(dtype), *lambdas, torch.ones(2 * d, dtype=dtype))
     if fn is falcon:
         return q, k, v, ~keep
     return q, k, v, padding if fn in (gpt2, gpt_neo) else additive
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
-@pytest.mark.parametrize("fn", [gpt2, gpt_neo, codegen, bloom, falcon, opt], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("fn", [gpt2, gpt_neo, codegen, bloom, falcon, opt, diff_transformer], ids=lambda f: f.__name__)
 def test_older_models_attention_fuses_and_matches_eager(fn, dtype):
     args = _args(fn, dtype)
     compiled = ft.compile(fn, cache=False)

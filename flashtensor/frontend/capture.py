@@ -234,7 +234,7 @@ def _lower_call(b: Builder, fx: torch.fx.Node, env: dict, src: str, live: set[to
             return type(a)(arg(x) for x in a)
         return a
 
-    t = fx.target
+    t = _out_of_place(fx) or fx.target
     if fx not in live and any(env[a] is None for a in fx.all_input_nodes):
         return None                      # reads an unused output that got no node
     val = fx.meta.get("val")
@@ -264,6 +264,17 @@ def _lower_call(b: Builder, fx: torch.fx.Node, env: dict, src: str, live: set[to
         if out is not None:
             return out
     return _opaque(b, t, args, kw, shape, dtype, src, None) if fx in live else None
+
+
+def _out_of_place(fx: torch.fx.Node) -> Any:
+    """The out-of-place overload of an in-place op that functionalisation left in the graph (F.rms_norm's `add_` of
+    eps to its mean), where the tensor it writes is an intermediate nothing else reads; else None."""
+    t, a0 = fx.target, (fx.args[0] if fx.args else None)
+    name = getattr(getattr(t, "overloadpacket", None), "__name__", "")
+    if not name.endswith("_") or name.startswith("_") or not isinstance(a0, torch.fx.Node) or \
+            a0.op != "call_function" or len(a0.users) != 1:
+        return None
+    return getattr(getattr(aten, name[:-1], None), getattr(t, "_overloadname", ""), None)
 
 
 def _opaque(b, t, args, kw, shape, dtype, src, index):
