@@ -1,9 +1,9 @@
-"""Attention as older Hugging Face models write it (GPT-2, GPT-Neo, CodeGen, Bloom, Falcon, OPT), and the
-Differential Transformer's and SnapKV's as their repositories do: masks as 0-d finfo.min tensors selected by
-torch.where, a scale as a 0-d tensor, ALiBi by baddbmm into the bias, bool masks filled with finfo.min or -1e9,
-and OPT's clamp of the masked scores at finfo.min by torch.max. Each fuses (SnapKV's vote; its topk and gathers
-run in eager) and keeps eager's answer under the contract in fp32, fp16 and bf16, rows that see no key (left
-padding) included."""
+"""Attention as older Hugging Face models write it (GPT-2, GPT-Neo, CodeGen, Bloom, Falcon, OPT), DeepSeek's latent
+attention as transformers writes it, and the Differential Transformer's and SnapKV's as their repositories do:
+masks as 0-d finfo.min tensors selected by torch.where, a scale as a 0-d tensor, ALiBi by baddbmm into the bias,
+bool masks filled with finfo.min or -1e9, and OPT's clamp of the masked scores at finfo.min by torch.max. Each
+fuses (SnapKV's vote; its topk and gathers run in eager) and keeps eager's answer under the contract in fp32,
+fp16 and bf16, rows that see no key (left padding) included."""
 import math
 
 import pytest
@@ -92,6 +92,27 @@ def diff_transformer(q, k, v, attn_mask, lambda_q1, lambda_k1, lambda_q2, lambda
     return (attn * (1 - lambda_init)).transpose(1, 2).reshape(bsz, tgt_len, two_heads * head_dim)
 
 
+def _rotate_half(x):
+    return torch.cat((-x[..., x.shape[-1] // 2:], x[..., : x.shape[-1] // 2]), dim=-1)
+
+
+def deepseek_mla(q_states, k_pass, k_rot, value_states, cos, sin, attention_mask):
+    """transformers' DeepseekV3Attention (multi-head latent attention) on its eager path: the query split into
+    its no-RoPE and RoPE parts, the RoPE part de-interleaved (view, transpose, reshape) and rotated, one shared
+    RoPE key expanded to every head, both joined back by cat, the value head narrower than the query's."""
+    q_pass, q_rot = torch.split(q_states, [k_pass.shape[-1], k_rot.shape[-1]], dim=-1)
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    b, h, s, d = q_rot.shape
+    q_rot = q_rot.view(b, h, s, d // 2, 2).transpose(4, 3).reshape(b, h, s, d)
+    k_rot = k_rot.view(b, 1, s, d // 2, 2).transpose(4, 3).reshape(b, 1, s, d)
+    q_rot, k_rot = q_rot * cos + _rotate_half(q_rot) * sin, k_rot * cos + _rotate_half(k_rot) * sin
+    query_states = torch.cat((q_pass, q_rot), dim=-1)
+    key_states = torch.cat((k_pass, k_rot.expand(*k_pass.shape[:-1], -1)), dim=-1)
+    attn_weights = torch.matmul(query_states, key_states.transpose(2, 3)) * query_states.shape[-1] ** -0.5
+    attn_weights = nn.functional.softmax(attn_weights + attention_mask, dim=-1, dtype=torch.float32)
+    return torch.matmul(attn_weights.to(query_states.dtype), value_states).transpose(1, 2).contiguous()
+
+
 def _args(fn, dtype):
     b, h, s, d = 2, 2, 40, 16
     g = torch.Generator().manual_seed(len(fn.__name__))
@@ -105,6 +126,10 @@ def _args(fn, dtype):
         slopes = torch.tensor([2.0 ** (-8 * (i + 1) / h) for i in range(h)])
         alibi = (slopes[:, None] * torch.arange(s)[None, :]).repeat(b, 1)[:, None, :].to(dtype)
         return q, k, v, alibi, ~keep
+    if fn is deepseek_mla:
+        angles = torch.randn(b, s, 16, generator=g)
+        return (torch.randn(b, h, s, 48, generator=g).to(dtype), k, torch.randn(b, 1, s, 32, generator=g).to(dtype),
+                v, angles.repeat(1, 1, 2).cos().to(dtype), angles.repeat(1, 1, 2).sin().to(dtype), additive)
     if fn is diff_transformer:
         lambdas = (torch.randn(d, generator=g).to(dtype) / 10 for _ in range(4))
         return (q, k, torch.randn(b, h // 2, s, 2 * d, generator=g).to(dtype),
@@ -115,7 +140,8 @@ def _args(fn, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
-@pytest.mark.parametrize("fn", [gpt2, gpt_neo, codegen, bloom, falcon, opt, diff_transformer], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("fn", [gpt2, gpt_neo, codegen, bloom, falcon, opt, diff_transformer, deepseek_mla],
+                         ids=lambda f: f.__name__)
 def test_older_models_attention_fuses_and_matches_eager(fn, dtype):
     args = _args(fn, dtype)
     compiled = ft.compile(fn, cache=False)

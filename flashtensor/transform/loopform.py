@@ -392,8 +392,8 @@ class _Lowerer:
         return _LV(LNode(Op.AT, (x.node,), n.dtype, x.node.vars, {"map": ()}), x.axes)
 
     def cat(self, n: Node, a: list) -> _LV:
-        """cat: a fresh variable w over the joined axis; each piece is re-derived at w minus its offset (its
-        reads past its own range load 0) and picked by where over w's index."""
+        """cat: a fresh variable w over the joined axis (or two, hi and lo, see `_inner`); each piece is re-derived
+        at w minus its offset (its reads past its own range load 0) and picked by where over w's index."""
         d = n.attrs["dim"]
         a = self.rename_apart(a, [list(range(len(n.shape)))] * len(a))
         axes: list[list[Var]] = []
@@ -406,21 +406,39 @@ class _Lowerer:
                 if c is not oldest:
                     self.s.unify(c, oldest, n)
             axes.append(list(oldest))
-        w = Var(n.shape[d])
-        axes[d] = [w]
+        pieces = [self.s.axis_atoms(x.axes[d]) for x in a]
+        inner = _inner(pieces, [p.shape[d] for p in n.args])
+        if inner is None:
+            raise LoweringError(n, "cat along an axis that merges several variables")
+        # the joined axis as (hi, lo) where a piece is split (DeepSeek's interleaved RoPE half beside the rest of
+        # the head dimension): each piece then reads hi shifted by its offset and lo as it is
+        hi, lo = Var(n.shape[d] // inner), (Var(inner) if inner > 1 else None)
+        axes[d] = [hi, lo] if lo is not None else [hi]
+        flat = Affine.of(hi).scale(inner) + Affine.of(lo) if lo is not None else Affine.of(hi)
         picks, start = [], 0
-        for x, piece in zip(a, n.args):
-            atoms = self.s.axis_atoms(x.axes[d])
-            if len(atoms) > 1:
-                raise LoweringError(n, "cat along an axis that merges several variables")
-            sub = {atoms[0]: Affine.of(w) + Affine((), -start)} if atoms else {}
+        for x, atoms, piece in zip(a, pieces, n.args):
+            if len(atoms) == 2:
+                sub = {atoms[0]: Affine.of(hi) + Affine((), -start // inner), atoms[1]: Affine.of(lo)}
+            else:
+                sub = {atoms[0]: flat + Affine((), -start)} if atoms else {}
             start += piece.shape[d]
             picks.append((Rebuilder(self.s).rebuild(x.node, sub), start))
-        index = _position(w)
+        index = LNode(Op.IOTA, (), torch.int64, flat.vars, {"expr": flat})
         out = picks[-1][0]
         for node, end in reversed(picks[:-1]):
             out = _mk("where", (_mk("lt", (index, end), torch.bool), node, out), n.dtype)
         return _LV(out, axes)
+
+
+def _inner(pieces: list[list[Var]], sizes: list[int]) -> int | None:
+    """The extent of the inner variable a cat's joined axis splits into: 1 where every piece's axis is one variable;
+    the inner extent of the pieces split in two, where they agree and every piece starts and ends on a multiple of
+    it; None otherwise."""
+    split = {atoms[1].extent for atoms in pieces if len(atoms) == 2}
+    if any(len(atoms) > 2 for atoms in pieces) or len(split) > 1:
+        return None
+    inner = split.pop() if split else 1
+    return inner if all(n % inner == 0 for n in sizes) else None
 
 
 # how each op of the decomposed graph becomes loop form; what is not here has no fused lowering
