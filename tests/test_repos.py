@@ -12,6 +12,7 @@ import torch.nn as nn
 
 import flashtensor as ft
 from flashtensor.bench.held import check_outputs
+from flashtensor.bench.programs import deepseek_mla
 
 
 def gpt2(query, key, value, attention_mask):
@@ -90,27 +91,6 @@ def diff_transformer(q, k, v, attn_mask, lambda_q1, lambda_k1, lambda_q2, lambda
     attn_weights = attn_weights[:, :, 0] - lambda_full * attn_weights[:, :, 1]
     attn = nn.functional.rms_norm(torch.matmul(attn_weights, v), (v.shape[-1],), subln_weight, eps=1e-5)
     return (attn * (1 - lambda_init)).transpose(1, 2).reshape(bsz, tgt_len, two_heads * head_dim)
-
-
-def _rotate_half(x):
-    return torch.cat((-x[..., x.shape[-1] // 2:], x[..., : x.shape[-1] // 2]), dim=-1)
-
-
-def deepseek_mla(q_states, k_pass, k_rot, value_states, cos, sin, attention_mask):
-    """transformers' DeepseekV3Attention (multi-head latent attention) on its eager path: the query split into
-    its no-RoPE and RoPE parts, the RoPE part de-interleaved (view, transpose, reshape) and rotated, one shared
-    RoPE key expanded to every head, both joined back by cat, the value head narrower than the query's."""
-    q_pass, q_rot = torch.split(q_states, [k_pass.shape[-1], k_rot.shape[-1]], dim=-1)
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    b, h, s, d = q_rot.shape
-    q_rot = q_rot.view(b, h, s, d // 2, 2).transpose(4, 3).reshape(b, h, s, d)
-    k_rot = k_rot.view(b, 1, s, d // 2, 2).transpose(4, 3).reshape(b, 1, s, d)
-    q_rot, k_rot = q_rot * cos + _rotate_half(q_rot) * sin, k_rot * cos + _rotate_half(k_rot) * sin
-    query_states = torch.cat((q_pass, q_rot), dim=-1)
-    key_states = torch.cat((k_pass, k_rot.expand(*k_pass.shape[:-1], -1)), dim=-1)
-    attn_weights = torch.matmul(query_states, key_states.transpose(2, 3)) * query_states.shape[-1] ** -0.5
-    attn_weights = nn.functional.softmax(attn_weights + attention_mask, dim=-1, dtype=torch.float32)
-    return torch.matmul(attn_weights.to(query_states.dtype), value_states).transpose(1, 2).contiguous()
 
 
 def _args(fn, dtype):

@@ -246,6 +246,24 @@ def rope_attention(query: Tensor, key: Tensor, value: Tensor, cos: Tensor, sin: 
     return llama_eager(q_embed, k_embed, value, attention_mask, scaling)
 
 
+def deepseek_mla(q_states: Tensor, k_pass: Tensor, k_rot: Tensor, value_states: Tensor, cos: Tensor, sin: Tensor,
+                 attention_mask: Tensor) -> Tensor:
+    """transformers' DeepseekV3Attention (multi-head latent attention) on its eager path: the query split into
+    its no-RoPE and RoPE parts, the RoPE part de-interleaved (view, transpose, reshape) and rotated, one shared
+    RoPE key expanded to every head, both joined back by cat, softmax in float32."""
+    q_pass, q_rot = torch.split(q_states, [k_pass.shape[-1], k_rot.shape[-1]], dim=-1)
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    b, h, s, d = q_rot.shape
+    q_rot = q_rot.view(b, h, s, d // 2, 2).transpose(4, 3).reshape(b, h, s, d)
+    k_rot = k_rot.view(b, 1, s, d // 2, 2).transpose(4, 3).reshape(b, 1, s, d)
+    q_rot, k_rot = q_rot * cos + rotate_half(q_rot) * sin, k_rot * cos + rotate_half(k_rot) * sin
+    query_states = torch.cat((q_pass, q_rot), dim=-1)
+    key_states = torch.cat((k_pass, k_rot.expand(*k_pass.shape[:-1], -1)), dim=-1)
+    attn_weights = torch.matmul(query_states, key_states.transpose(2, 3)) * query_states.shape[-1] ** -0.5
+    attn_weights = F.softmax(attn_weights + attention_mask, dim=-1, dtype=torch.float32)
+    return torch.matmul(attn_weights.to(query_states.dtype), value_states).transpose(1, 2).contiguous()
+
+
 def _llama_probs(query: Tensor, key: Tensor, attention_mask: Tensor, scaling: float) -> Tensor:
     key_states = repeat_kv(key, query.shape[1] // key.shape[1])
     attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
@@ -424,9 +442,10 @@ def _alibi_slopes(heads: int) -> list[float]:
     return [start ** (h + 1) for h in range(heads)]
 
 
-def _rope(x: _Inputs) -> tuple[Tensor, Tensor]:
-    """LlamaRotaryEmbedding's cos and sin (B, S, D) at positions 0..S-1, base 10000."""
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, x.D, 2, dtype=torch.float32, device=x.device) / x.D))
+def _rope(x: _Inputs, dim: int | None = None) -> tuple[Tensor, Tensor]:
+    """LlamaRotaryEmbedding's cos and sin (B, S, dim; D by default) at positions 0..S-1, base 10000."""
+    dim = dim or x.D
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float32, device=x.device) / dim))
     position_ids = torch.arange(x.S, device=x.device, dtype=torch.float32)[None, :].expand(x.B, -1)
     freqs = (inv_freq[None, :, None] @ position_ids[:, None, :]).transpose(1, 2)
     emb = torch.cat((freqs, freqs), dim=-1)
@@ -473,6 +492,9 @@ PROGRAMS: dict[str, Builder] = {
     "qk_norm": lambda x: (qk_norm, (*x.qkv(), 1 + 0.1 * x.randn(x.D), 1 + 0.1 * x.randn(x.D), x.causal_mask(),
                                     x.scaling)),
     "rope_attention": lambda x: (rope_attention, (*x.qkv(), *_rope(x), x.causal_mask(), x.scaling)),
+    "deepseek_mla": lambda x: (deepseek_mla, (x.randn(x.B, x.H, x.S, x.D * 3 // 2), x.randn(x.B, x.H, x.S, x.D),
+                                              x.randn(x.B, 1, x.S, x.D // 2), x.randn(x.B, x.H, x.S, x.D),
+                                              *_rope(x, x.D // 2), x.causal_mask())),
     "h2o_heads": lambda x: (h2o_heads, (*x.qkv(), x.causal_mask(), x.scaling)),
     "h2o_kv_heads": lambda x: (h2o_kv_heads, (*x.qkv(), x.causal_mask(), x.scaling)),
     "snapkv_window": lambda x: (snapkv_window, (x.qkv(q_len=_window(x))[0], x.qkv()[1], _window(x))),

@@ -412,18 +412,18 @@ class _Lowerer:
             raise LoweringError(n, "cat along an axis that merges several variables")
         # the joined axis as (hi, lo) where a piece is split (DeepSeek's interleaved RoPE half beside the rest of
         # the head dimension): each piece then reads hi shifted by its offset and lo as it is
-        hi, lo = Var(n.shape[d] // inner), (Var(inner) if inner > 1 else None)
-        axes[d] = [hi, lo] if lo is not None else [hi]
-        flat = Affine.of(hi).scale(inner) + Affine.of(lo) if lo is not None else Affine.of(hi)
+        hi = Var(n.shape[d] // inner)
+        axes[d] = [hi] + ([Var(inner)] if inner > 1 else [])
+        flat = Affine.of(hi).scale(inner) + Affine.of(axes[d][-1]) if inner > 1 else Affine.of(hi)
         picks, start = [], 0
         for x, atoms, piece in zip(a, pieces, n.args):
             if len(atoms) == 2:
-                sub = {atoms[0]: Affine.of(hi) + Affine((), -start // inner), atoms[1]: Affine.of(lo)}
+                sub = {atoms[0]: Affine.of(hi) + Affine((), -start // inner), atoms[1]: Affine.of(axes[d][-1])}
             else:
                 sub = {atoms[0]: flat + Affine((), -start)} if atoms else {}
             start += piece.shape[d]
             picks.append((Rebuilder(self.s).rebuild(x.node, sub), start))
-        index = LNode(Op.IOTA, (), torch.int64, flat.vars, {"expr": flat})
+        index = LNode(Op.IOTA, (), torch.int64, tuple(flat.vars), {"expr": flat})
         out = picks[-1][0]
         for node, end in reversed(picks[:-1]):
             out = _mk("where", (_mk("lt", (index, end), torch.bool), node, out), n.dtype)
