@@ -46,6 +46,9 @@ class Options:
     # program, in the dimensions that changed; True, from the first call, in every dimension but an input's last
     # where no other dimension has its size (api/compiled.py); False, never
     dynamic: Optional[bool] = None
+    # float32 contractions on the GPU: "ieee" (exact products, on the FMA units) or "tf32x3" (three TF32 passes
+    # on the tensor cores, near float32's accuracy); Triton's interpreter computes both exactly
+    f32_dot: str = "ieee"
 
     @classmethod
     def make(cls, **fields: Any) -> "Options":
@@ -55,6 +58,8 @@ class Options:
         if unknown:
             raise TypeError(f"unknown compile option(s): {', '.join(sorted(unknown))}; "
                             f"known: {', '.join(sorted(names))}")
+        if fields.get("f32_dot", "ieee") not in ("ieee", "tf32x3"):
+            raise ValueError(f"f32_dot must be 'ieee' or 'tf32x3', not {fields['f32_dot']!r}")
         if "configs" in fields:
             fields["configs"] = tuple(c if isinstance(c, TileConfig) else TileConfig(*c) for c in fields["configs"])
         return cls(**fields)

@@ -2,7 +2,8 @@
 cannot build there before a GPU run does: Triton's interpreter, which runs them on the CPU, accepts code the GPU
 compiler rejects.
 
-    .venv/bin/python scripts/compile_sm90.py [HELD_PROGRAMS...] [--dtype fp16] [--configs N] [--splits N]
+    .venv/bin/python scripts/compile_sm90.py [HELD_PROGRAMS...] [--dtype fp16] [--configs N] [--splits N] \
+        [--f32-dot tf32x3]
     .venv/bin/python scripts/compile_sm90.py --found ID...     # fuzz finds (tests/test_fuzz.py's FOUND_IDS)
 
 For each held program (flashtensor/bench/programs.py) at the GPU shapes, or each fuzz find at its own shapes,
@@ -131,12 +132,13 @@ def found(name: str) -> tuple[Any, tuple]:
 
 
 def check(name: str, dtype: torch.dtype, configs: int, where: Path, splits: int | None = None,
-          fuzzed: bool = False) -> list[str]:
+          fuzzed: bool = False, f32_dot: str = "ieee") -> list[str]:
     """The failures of held program `name`'s kernels at the GPU shapes (or, `fuzzed`, of the fuzz find's at its
-    own), every candidate, the first `configs`; with `splits`, every loop that can split split so (Options.splits)."""
+    own), every candidate, the first `configs`; with `splits`, every loop that can split split so (Options.splits);
+    float32 contractions as `f32_dot` says (Options.f32_dot)."""
     fn, args = found(name) if fuzzed else programs.make(name, device="cpu", dtype=dtype, **programs.GPU)
     failures = []
-    for k, plan in driver.candidate_plans(fn, [_meta(a) for a in args], Options(splits=splits)):
+    for k, plan in driver.candidate_plans(fn, [_meta(a) for a in args], Options(splits=splits, f32_dot=f32_dot)):
         for specs in plan.stages["emit"].values():
             for spec in specs:
                 for cfg in CONFIGS[:configs]:
@@ -155,12 +157,13 @@ def main() -> int:
     ap.add_argument("--configs", type=int, default=1)
     ap.add_argument("--splits", type=int, default=None, help="split every loop that can split so (codegen/split.py)")
     ap.add_argument("--found", action="store_true", help="the names are fuzz finds (tests/test_fuzz.py's FOUND_IDS)")
+    ap.add_argument("--f32-dot", default="ieee", choices=["ieee", "tf32x3"], help="float32 contractions (Options)")
     a = ap.parse_args()
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype]
     failures = []
     d = Path(tempfile.mkdtemp(prefix="sm90-"))      # kept: a failure names its kernel's file here
     for name in a.programs:
-        failed = check(name, dtype, a.configs, d, a.splits, a.found)
+        failed = check(name, dtype, a.configs, d, a.splits, a.found, a.f32_dot)
         said = "ok" if not failed else f"{len(failed)} failed"
         print(f"{name} {'(its own dtype)' if a.found else a.dtype}: {said}", flush=True)
         failures += failed

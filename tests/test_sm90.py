@@ -8,6 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
+from flashtensor import driver, knobs
+from flashtensor.codegen.kernel import emit_kernel
+from flashtensor.options import CONFIGS, Options
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "compile_sm90.py"
 
 
@@ -31,3 +38,30 @@ def test_fuzz_find_kernels_compile_for_sm90():
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     for name in finds:
         assert f"{name} (its own dtype): ok" in run.stdout, run.stdout
+
+
+def test_float32_contractions_on_tensor_cores_compile_for_sm90():
+    """Options.f32_dot="tf32x3" (three TF32 passes for float32 dots, which "ieee" runs on the FMA units): held
+    programs in float32 compile for sm_90 with it."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, str(SCRIPT), "llama_eager", "linear_elu", "--dtype", "fp32",
+                          "--f32-dot", "tf32x3"], env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert run.stdout.count(": ok") == 2, run.stdout
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("f32_dot", ["ieee", "tf32x3"])
+def test_float32_dots_take_the_precision_the_options_name(f32_dot):
+    """Kernels for a GPU take Options.f32_dot on their float32 dots; the interpreter's always compute exactly."""
+    q, k, v = (torch.empty(1, 2, 256, 64, device="meta") for _ in range(3))
+
+    def attention(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ v
+
+    for interpret, want in ((False, f32_dot), (True, "ieee")):
+        with knobs.override(interpret=interpret):
+            (_, plan), *_ = driver.candidate_plans(attention, [q, k, v], Options(f32_dot=f32_dot))
+            source = emit_kernel(next(iter(plan.stages["emit"].values()))[0], CONFIGS[0]).source
+        dots = [line for line in source.splitlines() if "tl.dot(" in line]
+        assert dots and all(f'input_precision="{want}")' in line for line in dots), dots

@@ -248,11 +248,21 @@ def gqa_part(peers: list[str], dims: dict, dtype: torch.dtype, device: str, rep:
 
 def linear_part(out: dict, peers: list[str], small: bool, device: str, rep: int | None, rounds: int,
                 say: Callable[[str], None]) -> None:
-    """EA and SimA (float32) at the paper's shapes into `out`, against torch.compile and eager."""
+    """EA and SimA (float32) at the paper's shapes into `out`, against torch.compile and eager; flashtensor also
+    with its float32 contractions on the tensor cores ("ft/tf32x3", Options.f32_dot), its kernels kept even where
+    eager is faster, so that their time shows."""
     shape = workloads.SMALL if small else workloads.PAPER
     for name in ("ea", "sima"):
         fn, args = workloads.make(name, device=device, N=shape["N"], BL=shape["BL"])
         recs, runs = systems(fn, args, peers, None)
+        x3 = ft.compile(fn, f32_dot="tf32x3", eager_if_faster=False)
+        with torch.no_grad():
+            ref = fn(*args)
+        recs["ft/tf32x3"] = rec = _record()
+        if _checked(rec, fn, args, x3, ref):
+            runs["ft/tf32x3"] = (x3, args)
+        prog = x3.program_for(list(args))
+        rec.update(fused=held.outcome(prog), kernels=len(prog.launches))
         torch._dynamo.reset()
         _timed(recs, runs, rep, rounds)
         out[name] = recs
@@ -316,12 +326,14 @@ def markdown(results: dict) -> str:
                   _fmt(_over(_ms(gqa, "ft/gqa"), _ms(gqa, "ft/mha")))]
     linear = results.get("linear", {})
     if linear:
-        lines += ["", "| program | eager ms | torch.compile ms | flashtensor ms | check | compile / ft |",
-                  "|---|---|---|---|---|---|"]
+        lines += ["", "| program | eager ms | torch.compile ms | flashtensor ms | check | compile / ft | "
+                  "flashtensor (tf32x3) ms | check | compile / ft (tf32x3) |", "|---|---|---|---|---|---|---|---|---|"]
         for name, recs in linear.items():
-            ms_ft, ms_c = _ms(recs, "ft"), _ms(recs, "compile")
+            ms_ft, ms_c, ms_x3 = _ms(recs, "ft"), _ms(recs, "compile"), _ms(recs, "ft/tf32x3")
+            x3 = recs.get("ft/tf32x3", _record())
             lines.append(f"| {name} | {_fmt(_ms(recs, 'eager'))} | {_fmt(ms_c)} | {_fmt(ms_ft)} | "
-                         f"{'pass' if recs['ft']['ok'] else 'FAIL'} | {_fmt(_over(ms_c, ms_ft), 'x')} |")
+                         f"{'pass' if recs['ft']['ok'] else 'FAIL'} | {_fmt(_over(ms_c, ms_ft), 'x')} | "
+                         f"{_fmt(ms_x3)} | {'pass' if x3['ok'] else 'FAIL'} | {_fmt(_over(ms_c, ms_x3), 'x')} |")
     return "\n".join(lines)
 
 

@@ -175,7 +175,10 @@ class Emitter(Tiles):
         return out, tv
 
     def dot_prec(self, factors: Sequence[Factor]) -> str:
-        return "" if self.half(factors) else ', input_precision="ieee"'
+        """Half operands as they are; float32 ones as Options.f32_dot says (exact in the interpreter)."""
+        if self.half(factors):
+            return ""
+        return f', input_precision="{"ieee" if self.spec.interpret else self.spec.f32_dot}"'
 
     def half(self, factors: Sequence[Factor]) -> Optional[torch.dtype]:
         """Operand precision of a contraction: the half type of any operand, else float32.

@@ -49,4 +49,5 @@ class KernelSpec:
     fixup_programs: int = 264
     split_programs: int = 528              # Options.split_programs
     splits: Optional[int] = None           # Options.splits
+    f32_dot: str = "ieee"                  # Options.f32_dot
     sizes: Mapping[str, int] = field(default_factory=dict)   # a symbolic size's value in the bucket emitted for
