@@ -81,10 +81,12 @@ def _leaky_relu(m: _Math, x: Node, negative_slope: float) -> Node:
 def _lerp(m: _Math, start: Node, end: Node, weight: Operand) -> Node:
     """eager's two-sided form: from start where |weight| < 1/2, from end otherwise."""
     diff = m("sub", end, start)
-    near_end = m("sub", end, m("mul", diff, m("sub", 1.0, weight) if isinstance(weight, Node) else 1.0 - weight))
     if not isinstance(weight, Node):
-        return m("add", start, m("mul", diff, float(weight))) if abs(weight) < 0.5 else near_end
-    return m("where", m.test("lt", m("abs", weight), 0.5), m("add", start, m("mul", diff, weight)), near_end)
+        w = float(weight)
+        return m("add", start, m("mul", diff, w)) if abs(w) < 0.5 else m("sub", end, m("mul", diff, 1.0 - w))
+    near_start = m("add", start, m("mul", diff, weight))
+    near_end = m("sub", end, m("mul", diff, m("sub", 1.0, weight)))
+    return m("where", m.test("lt", m("abs", weight), 0.5), near_start, near_end)
 
 
 def _addcmul(m: _Math, x: Node, t1: Node, t2: Node, value: float) -> Node:

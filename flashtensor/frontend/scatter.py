@@ -35,7 +35,7 @@ def _joined(b, base, val, dim, lo, hi, select, s, d, src):
     """A written tensor in the window's own coordinates (SnapKV's `w[..., -8:, -8:] += mask`): the base before the
     window, the value, and the base after it, joined by a cat along `dim`, whose pieces the loop form reads
     shifted."""
-    if not isinstance(val, Node) or (hi - lo) * (1 if select else 0) > 1:
+    if not isinstance(val, Node):
         return None
     if select:
         val = b.add("reshape", (val,), (*s[:dim], 1, *s[dim + 1:]), val.dtype, src)
