@@ -56,11 +56,9 @@ def raise_if_eager_rejects(fn: Callable, args: Sequence[torch.Tensor]) -> None:
     """Run `fn` once in eager PyTorch on copies of the arguments (a function that writes into one must not write
     twice), the random state restored after, so the call that follows draws the same numbers. If eager rejects
     the program too, it is the user's error: raise eager's own exception, noted with the call."""
-    # a graph module's own __call__ prints its generated code to stderr before it re-raises
-    run = fn.forward if isinstance(fn, torch.fx.GraphModule) else fn
     with torch.random.fork_rng(devices=sorted({a.device.index or 0 for a in args if a.device.type == "cuda"})):
         try:
-            run(*(a.clone() for a in args))
+            fn(*(a.clone() for a in args))
         except Exception as e:
             e.add_note(f"FlashTensor: raised by {described(fn, args)} in eager PyTorch")
             raise
