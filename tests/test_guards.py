@@ -462,3 +462,25 @@ def test_backend_takes_another_python_float():
     for tau in (1.5, 2.0, 3.0, 2.0):
         assert_close(fast(q, k, tau), scores(q, k, tau))
     torch._dynamo.reset()
+
+
+def test_autocast_state_is_guarded():
+    """A plan traced under autocast bakes its bf16 casts in: a call outside autocast must not reuse it (nor one
+    inside reuse the float32 plan), in either order; each call gives eager's dtypes and values in its context."""
+    def attn(q, k, v):
+        p = torch.softmax(q @ k.transpose(-1, -2) / 4, dim=-1)
+        return p @ v, p.sum(dim=-2)
+
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(1, 2, 24, 16, generator=g) for _ in range(3))
+    compiled = ft.compile(attn, cache=False)
+    for inside in (True, False, True):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=inside):
+            out, ref = compiled(q, k, v), attn(q, k, v)
+        assert [o.dtype for o in out] == [r.dtype for r in ref] == [torch.bfloat16 if inside else torch.float32] * 2
+        if not inside:
+            assert_close(out, ref)
+        else:
+            for o, r in zip(out, ref):
+                assert (o.float() - r.float()).abs().max() < 2e-2      # a few bf16 steps near 1
+    assert len(compiled.programs) == 2

@@ -190,9 +190,10 @@ class Guards:
     def key(self, call: Call, shapes: bool = True) -> tuple:
         """Other leaves than tensors, and the reads, by `fingerprint`: a module passed to an attention helper by its
         state, not by its repr, which shows no attribute and costs a walk of the module tree. Without `shapes`,
-        the key of the program's structure (runtime.cache.signature), which shape-generic plans share."""
+        the key of the program's structure (runtime.cache.signature), which shape-generic plans share. Autocast's
+        state is part of it: a trace under autocast bakes its casts in (torch.compile guards on it too)."""
         return (call.spec, signature(call.leaves, fingerprint, shapes),
-                tuple([fingerprint(r.value()) for r in self.reads]))
+                tuple([fingerprint(r.value()) for r in self.reads]), autocast())
 
     def refresh(self) -> None:
         """Walk the function again (on a miss): a rebound helper or module may read names the old one did not."""
@@ -228,6 +229,11 @@ class Guards:
                 name = str(getattr(key, "key", key))
             names.append(name + pytree.keystr(tuple(rest)))
         return names
+
+
+def autocast() -> tuple:
+    """Whether autocast is on, and to which dtype, for each device type kernels run for or trace on."""
+    return tuple((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in ("cpu", "cuda"))
 
 
 def _arity(sig: Optional[inspect.Signature]) -> tuple[float, float]:
