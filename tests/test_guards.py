@@ -484,3 +484,26 @@ def test_autocast_state_is_guarded():
             for o, r in zip(out, ref):
                 assert (o.float() - r.float()).abs().max() < 2e-2      # a few bf16 steps near 1
     assert len(compiled.programs) == 2
+
+
+def test_default_dtype_is_guarded():
+    """A constant the function makes with the default dtype (`torch.full(..., 0.5)`) is traced in it: after
+    torch.set_default_dtype, the plan made before must not serve."""
+    def scaled(q, k):
+        return torch.softmax(q @ k.transpose(-1, -2) * torch.full((), 0.5), dim=-1).sum(dim=-2)
+
+    g = torch.Generator().manual_seed(12)
+    q, k = (torch.randn(2, 24, 16, generator=g, dtype=torch.float64) for _ in range(2))
+    compiled = ft.compile(scaled, cache=False)
+    before = torch.get_default_dtype()
+    try:
+        for default in (torch.float32, torch.float64):
+            torch.set_default_dtype(default)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FallbackWarning)
+                out = compiled(q, k)
+            assert out.dtype == scaled(q, k).dtype
+            assert_close(out, scaled(q, k))
+    finally:
+        torch.set_default_dtype(before)
+    assert len(compiled.programs) == 2

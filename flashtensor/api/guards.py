@@ -190,10 +190,10 @@ class Guards:
     def key(self, call: Call, shapes: bool = True) -> tuple:
         """Other leaves than tensors, and the reads, by `fingerprint`: a module passed to an attention helper by its
         state, not by its repr, which shows no attribute and costs a walk of the module tree. Without `shapes`,
-        the key of the program's structure (runtime.cache.signature), which shape-generic plans share. Autocast's
-        state is part of it: a trace under autocast bakes its casts in (torch.compile guards on it too)."""
+        the key of the program's structure (runtime.cache.signature), which shape-generic plans share. The global
+        modes a trace bakes in are part of it (`ambient`)."""
         return (call.spec, signature(call.leaves, fingerprint, shapes),
-                tuple([fingerprint(r.value()) for r in self.reads]), autocast())
+                tuple([fingerprint(r.value()) for r in self.reads]), ambient())
 
     def refresh(self) -> None:
         """Walk the function again (on a miss): a rebound helper or module may read names the old one did not."""
@@ -231,9 +231,11 @@ class Guards:
         return names
 
 
-def autocast() -> tuple:
-    """Whether autocast is on, and to which dtype, for each device type kernels run for or trace on."""
-    return tuple((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in ("cpu", "cuda"))
+def ambient() -> tuple:
+    """The global modes a trace bakes in, as torch.compile guards on them: autocast's state and dtype for each
+    device type kernels run for or trace on (its casts), and the default dtype (of `torch.full(s, 1.0)`)."""
+    return (torch.get_default_dtype(),
+            *((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")))
 
 
 def _arity(sig: Optional[inspect.Signature]) -> tuple[float, float]:
