@@ -108,9 +108,11 @@ class _LV:
     axes: list[list[Var]]
 
 
-def _position(v: Var) -> LNode:
-    """The index of variable v as an int64 value (a cat's joined axis, a running total's two positions)."""
-    return LNode(Op.IOTA, (), torch.int64, (v,), {"expr": Affine.of(v)})
+def _position(at: Var | Affine) -> LNode:
+    """An index (a variable's, or an affine one of several) as an int64 value: a cat's joined axis, a running
+    total's two positions."""
+    expr = at if isinstance(at, Affine) else Affine.of(at)
+    return LNode(Op.IOTA, (), torch.int64, tuple(expr.vars), {"expr": expr})
 
 
 def _mk(op: Op | str, args: tuple, dtype: torch.dtype, **attrs: object) -> LNode:
@@ -423,7 +425,7 @@ class _Lowerer:
                 sub = {atoms[0]: flat + Affine((), -start)} if atoms else {}
             start += piece.shape[d]
             picks.append((Rebuilder(self.s).rebuild(x.node, sub), start))
-        index = LNode(Op.IOTA, (), torch.int64, tuple(flat.vars), {"expr": flat})
+        index = _position(flat)
         out = picks[-1][0]
         for node, end in reversed(picks[:-1]):
             out = _mk("where", (_mk("lt", (index, end), torch.bool), node, out), n.dtype)
