@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import logging
 import math
 import time
@@ -34,6 +33,7 @@ from .codegen.checkplan import plan_checks
 from .codegen.normalisers import folded_normalisers
 from .codegen.spec import KernelSpec
 from .frontend.capture import capture, fallback_notes
+from .frontend.eager import parameters
 from .ir import sizes
 from .ir.graph import Graph, Node
 from .ir.loops import LNode, LoopGraph, LOutput, stored
@@ -407,16 +407,9 @@ def _of_tensors(fn: Callable, args: list[Any]) -> tuple[Callable, list[int]]:
         for i, t in zip(positions, tensors):
             full[i] = t
         return fn(*full)
-    names = getattr(fn, "leaf_names", None) or _parameters(fn)
+    names = getattr(fn, "leaf_names", None) or parameters(fn)
     tensor_fn.arg_names = [names[i] if i < len(names) else "" for i in positions]   # type: ignore[attr-defined]
     return tensor_fn, positions
-
-
-def _parameters(fn: Callable) -> list[str]:
-    try:
-        return list(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return []
 
 
 def warn_notes(notes: Iterable[str], warned: set[str]) -> None:

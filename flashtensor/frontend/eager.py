@@ -90,15 +90,20 @@ def name(fn: Callable) -> str:
     return getattr(fn, "__name__", None) or repr(fn)
 
 
+def parameters(fn: Callable) -> list[str]:
+    """The names of fn's parameters, in order; none where it has no signature (a builtin)."""
+    try:
+        return list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return []
+
+
 def described(fn: Callable, args: Sequence[torch.Tensor]) -> str:
     """`attn(q: float32[1, 40, 2, 16] on cpu, ...)`, with the parameters' names where they are known (`arg_names`,
     which the driver's function of the tensors carries, else the signature's where it lists the tensors)."""
     names = getattr(fn, "arg_names", None)
     if names is None:
-        try:
-            names = list(inspect.signature(fn).parameters)
-        except (TypeError, ValueError):
-            names = []
+        names = parameters(fn)
     if len(names) != len(args):
         names = [""] * len(args)
     shown = [f"{n + ': ' if n else ''}{str(a.dtype).removeprefix('torch.')}{list(a.shape)} on {a.device}"
