@@ -180,22 +180,25 @@ def _checked(rec: dict, fn: Callable, args: tuple, run: Callable, ref: Any) -> b
     return True
 
 
-def systems(fn: Callable, args: tuple, peers: list[str], flex_run: Callable | None) -> tuple[dict, dict]:
-    """Each system's record and callable for one program, checked against eager: "ft", and of `peers` "eager",
-    "compile" and (where given) "flex"."""
+def systems(fn: Callable, args: tuple, peers: list[str], flex_run: Callable | None,
+            variants: dict[str, dict] | None = None) -> tuple[dict, dict]:
+    """Each system's record and callable for one program, checked against eager: "ft", "ft/NAME" for each of
+    `variants` (flashtensor with those compile options), and of `peers` "eager", "compile" and (where given)
+    "flex"."""
     with torch.no_grad():
         ref = fn(*args)
-    compiled = ft.compile(fn)
-    made: dict[str, Callable] = {"ft": compiled, "eager": fn, "compile": torch.compile(fn)}   # compiled when run
+    ours = {"ft": ft.compile(fn), **{f"ft/{k}": ft.compile(fn, **o) for k, o in (variants or {}).items()}}
+    made: dict[str, Any] = {**ours, "eager": fn, "compile": torch.compile(fn)}   # compiled when run
     if flex_run is not None:
         made["flex"] = flex_run
     recs, runs = {}, {}
-    for name in ["ft"] + [p for p in peers if p in made]:
+    for name in list(ours) + [p for p in peers if p in made]:
         recs[name] = rec = _record()
         if _checked(rec, fn, args, made[name], ref):
             runs[name] = (made[name], args)
-    prog = compiled.program_for(list(args))
-    recs["ft"].update(fused=held.outcome(prog), kernels=len(prog.launches))
+    for name, compiled in ours.items():
+        prog = compiled.program_for(list(args))
+        recs[name].update(fused=held.outcome(prog), kernels=len(prog.launches))
     return recs, runs
 
 
@@ -254,15 +257,7 @@ def linear_part(out: dict, peers: list[str], small: bool, device: str, rep: int 
     shape = workloads.SMALL if small else workloads.PAPER
     for name in ("ea", "sima"):
         fn, args = workloads.make(name, device=device, N=shape["N"], BL=shape["BL"])
-        recs, runs = systems(fn, args, peers, None)
-        x3 = ft.compile(fn, f32_dot="tf32x3", eager_if_faster=False)
-        with torch.no_grad():
-            ref = fn(*args)
-        recs["ft/tf32x3"] = rec = _record()
-        if _checked(rec, fn, args, x3, ref):
-            runs["ft/tf32x3"] = (x3, args)
-        prog = x3.program_for(list(args))
-        rec.update(fused=held.outcome(prog), kernels=len(prog.launches))
+        recs, runs = systems(fn, args, peers, None, {"tf32x3": {"f32_dot": "tf32x3", "eager_if_faster": False}})
         torch._dynamo.reset()
         _timed(recs, runs, rep, rounds)
         out[name] = recs
