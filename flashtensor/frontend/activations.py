@@ -11,7 +11,7 @@ import torch
 
 from ..ir.graph import Builder, Node
 from ..ir.ops import WIDE
-from .norms import moments
+from .norms import dims_of, moments
 
 aten = torch.ops.aten
 Operand = Union[Node, float]
@@ -99,9 +99,8 @@ def _variance(root: bool) -> Callable:
         x = a[0]
         if not d.is_floating_point:
             return None
-        dims = a[1] if len(a) > 1 and a[1] is not None else kw.get("dim")
-        dims = list(range(len(x.shape))) if dims is None else [k % len(x.shape) for k in dims]
-        correction = kw.get("correction", 1)
+        dims = dims_of(a[1] if len(a) > 1 else kw.get("dim"), len(x.shape))
+        correction = kw.get("correction")
         _, _, var = moments(b, x, dims, 1 if correction is None else correction, src)
         if root:
             var = b.add("sqrt", (var,), var.shape, var.dtype, src)

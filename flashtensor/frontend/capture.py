@@ -321,18 +321,10 @@ def _all(b, a, kw, s, d, src):
     return b.add("logical_not", (_reduce("any")(b, [nx, *a[1:]], kw, s, d, src),), s, d, src)
 
 
-def _norm_dims(dims, rank):
-    if dims is None or dims == []:
-        return list(range(rank))
-    if isinstance(dims, int):
-        dims = [dims]
-    return sorted(d % rank for d in dims)
-
-
 def _reduce(kind):
     def rule(b, args, kw, shape, dtype, src):
         x = args[0]
-        dims = _norm_dims(args[1] if len(args) > 1 else kw.get("dim"), len(x.shape))
+        dims = norms.dims_of(args[1] if len(args) > 1 else kw.get("dim"), len(x.shape))
         keep = bool(args[2] if len(args) > 2 else kw.get("keepdim", False))
         if kind == "sum" and x.dtype != dtype and x.dtype != torch.bool:
             x = b.add("cast", (x,), x.shape, dtype, src)
@@ -380,7 +372,7 @@ def _layer_norm(b, fx, args, kw, src, live):
 def _var_mean(b, fx, args, kw, src, live):
     """torch.var_mean: eager's correction is 1 unless given."""
     x, correction = args[0], kw.get("correction")
-    dims = _norm_dims(args[1] if len(args) > 1 else kw.get("dim"), len(x.shape))
+    dims = norms.dims_of(args[1] if len(args) > 1 else kw.get("dim"), len(x.shape))
     mean, _, var = norms.moments(b, x, dims, 1 if correction is None else correction, src)
     return [_cast(b, [_reshape(b, [n], {}, tuple(v.shape), n.dtype, src)], {}, tuple(v.shape), v.dtype, src)
             for n, v in zip((var, mean), fx.meta["val"])]
@@ -526,10 +518,10 @@ _RULES: dict[Any, Callable] = {
     aten.any.dim: _reduce("any"), aten.any.default: _reduce("any"), aten.any.dims: _reduce("any"),
     aten.all.dim: _all, aten.all.default: _all, aten.all.dims: _all,
     aten.mean.dim: lambda b, a, kw, s, d, src: b.add(
-        "mean", (a[0],), s, d, src, dims=_norm_dims(a[1], len(a[0].shape)),
+        "mean", (a[0],), s, d, src, dims=norms.dims_of(a[1], len(a[0].shape)),
         keepdim=bool(a[2] if len(a) > 2 else kw.get("keepdim", False))),
     aten.logsumexp.default: lambda b, a, kw, s, d, src: b.add(
-        "logsumexp", (a[0],), s, d, src, dims=_norm_dims(a[1], len(a[0].shape)),
+        "logsumexp", (a[0],), s, d, src, dims=norms.dims_of(a[1], len(a[0].shape)),
         keepdim=bool(a[2] if len(a) > 2 else kw.get("keepdim", False))),
     aten.mean.default: lambda b, a, kw, s, d, src: b.add(
         "mean", (a[0],), s, d, src, dims=list(range(len(a[0].shape))), keepdim=False),
@@ -546,7 +538,7 @@ _RULES: dict[Any, Callable] = {
         "log_softmax", (a[0],), s, d, src, dim=_dim(a[1], len(s))),
     aten.linalg_vector_norm.default: lambda b, a, kw, s, d, src: b.add(
         "norm", (a[0],), s, d, src, ord=float(a[1] if len(a) > 1 else 2),
-        dims=_norm_dims(a[2] if len(a) > 2 else None, len(a[0].shape)), keepdim=bool(a[3] if len(a) > 3 else False)),
+        dims=norms.dims_of(a[2] if len(a) > 2 else None, len(a[0].shape)), keepdim=bool(a[3] if len(a) > 3 else False)),
     aten.clamp_min.default: lambda b, a, kw, s, d, src: b.add("clamp", (a[0],), s, d, src, min=a[1], max=None),
     aten.clamp_max.default: lambda b, a, kw, s, d, src: b.add("clamp", (a[0],), s, d, src, min=None, max=a[1]),
     aten.clamp.default: lambda b, a, kw, s, d, src: b.add(

@@ -3,12 +3,21 @@ and the moments var_mean returns, built from primitives that fuse (QK-norm befor
 computed in float32, as eager computes them."""
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
 from ..ir.graph import Builder, Node
 from ..ir.ops import WIDE
+
+
+def dims_of(dims: Any, rank: int) -> list[int]:
+    """A reduction's `dim` argument as sorted non-negative dims: every one where it is None or empty."""
+    if dims is None or dims == []:
+        return list(range(rank))
+    if isinstance(dims, int):
+        dims = [dims]
+    return sorted(d % rank for d in dims)
 
 
 def _to(b: Builder, x: Node, dtype: torch.dtype, src: str) -> Node:
