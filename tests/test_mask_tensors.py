@@ -404,6 +404,35 @@ def test_a_nan_score_still_takes_the_fixup_pass():
     assert _buffers(prog, args)[FINITE].isnan().all()
 
 
+def t5_bias_attention(q, k, v, position_bias):
+    """T5's relative position bias added to the scores, then a causal mask of finfo.min built inside."""
+    s = q @ k.transpose(-1, -2) + position_bias
+    i, j = torch.arange(q.shape[-2])[:, None], torch.arange(k.shape[-2])[None, :]
+    return torch.softmax(s.masked_fill(j > i, torch.finfo(s.dtype).min).float(), dim=-1).to(q.dtype) @ v
+
+
+@pytest.mark.parametrize("bad", ["none", "finfo.min", "inf", "nan", "skipped"])
+def test_a_bias_past_moderate_takes_the_fixup_pass(bad):
+    """A bias per batch entry and head (read once, so not a run-time mask): skipping the tiles the causal mask
+    fills with finfo.min is exact while every kept score is moderate, so the bias is checked to be at most MODERATE
+    in magnitude (one running minimum of -|x|) on the tiles the kernel computes and on those it skips. A row whose
+    kept scores are all finfo.min (HF folds its mask into T5's bias) is uniform over every key in eager, the
+    skipped ones too: the check sends it to the fixup pass, as it does an inf or NaN anywhere. A normal bias
+    passes (flag 0)."""
+    q, k, v = _qkv(torch.float32, 11)
+    bias = torch.randn(B, H, S, S, generator=torch.Generator().manual_seed(12))
+    value = {"finfo.min": torch.finfo(torch.float32).min, "inf": math.inf, "nan": math.nan, "skipped": math.nan}
+    if bad == "skipped":
+        bias[1, 0, 3, 40] = math.nan            # in a tile above the diagonal, which the kernel skips
+    elif bad != "none":
+        bias[1, 1, S - 5, : S - 4] = value[bad]
+    args = (q, k, v, bias)
+    _, prog = _compiled(t5_bias_attention, args)
+    assert not ft.explain(ft.compile(t5_bias_attention, cache=False, configs=TILES), *args).properties[0].runtime
+    flag = _buffers(prog, args)[FINITE]
+    assert flag.isnan().all() if bad != "none" else flag.item() == 0
+
+
 # ---- what does not skip at run time --------------------------------------------------------------------------------
 
 def test_a_mask_per_head_is_read_once_not_twice():

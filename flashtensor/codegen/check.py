@@ -41,6 +41,11 @@ def check_add(em: Tiles, i: int, raw: str, tv: list[Var], mask: Optional[str]) -
             m = f"tl.where({mask}, {m}, float(\"inf\"))" if mask else m
             lines.append(f"chkm{i} = _min_nan(chkm{i}, {m}){CHECK_MARK}")
         return lines
+    if dom == "moderate":   # -|x| at least -MODERATE also rules out inf and NaN: one running minimum tests both
+        m = _measure(x, dom)
+        m = f"tl.where({mask}, {m}, 0.0)" if mask else m
+        red = f"_min_over({m}, {tv.index(em.s.loop)})" if em.s.loop in tv else f"_min_over(tl.ravel({m}), 0)"
+        return [f"chkr{i} = _min_nan(chkr{i}, {red}){CHECK_MARK}"]
     return [check_sum(em, i, _check_term(x, dom, mask), tv)]
 
 
@@ -76,9 +81,14 @@ def as_checked(em: Tiles, i: int, x: str) -> str:
 
 
 def check_acc(em: Tiles, i: int) -> tuple[str, str]:
-    """Input i's tile-check accumulator: its initialisation and its sum."""
+    """Input i's tile-check accumulator, its initialisation and its sum: x * 0 summed (`chk{i}`), or for a
+    "moderate" domain the running minimum of -|x| (`chkr{i}`, see check_add), 0 or NaN once tested."""
     tv = em.tvars(em.checks[i][0])
     shape = [str(em.blk[v]) for v in tv if v is not em.s.loop] if em.s.loop in tv else []
+    if em.checks[i][1] == "moderate":
+        least = _in_domain(f"chkr{i}", "moderate")
+        return (f"chkr{i} = tl.full([{', '.join(shape)}], float(\"inf\"), tl.float32){CHECK_MARK}",
+                f"tl.sum(tl.ravel({least}), 0)" if shape else least)
     return (f"chk{i} = tl.zeros([{', '.join(shape)}], tl.float32){CHECK_MARK}",
             f"tl.sum(tl.ravel(chk{i}), 0)" if shape else f"chk{i}")
 
@@ -152,6 +162,9 @@ def program_check(em: Tiles, slots: int, check: dict, part: int, tiles: Size, st
         for n in looped:
             i, ax = n.attrs["input"], em.tvars(n).index(L)
             dom = em.checks[i][1]
+            if dom == "moderate":     # into the running minimum the computed tiles kept (check_add)
+                skipped.append(f"    chkr{i} = _min_nan(chkr{i}, _min_over(chkm{i}, {ax}) + tl.sum(chkt{i}, {ax}))")
+                continue
             low = f" + tl.sum({_in_domain(f'chkm{i}', dom)}, {ax})" if dom else ""
             skipped.append(f"    chk{i} += tl.sum(chkt{i}, {ax}){low}")
     sizes: dict[str, tuple[Size, list[int]]] = {}
