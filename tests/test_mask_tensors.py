@@ -343,18 +343,41 @@ def test_fully_masked_bool_rows_match_eager(fill):
 
 @pytest.mark.parametrize("fill", [FINFO_MIN, NEG_INF], ids=["finfo.min", "-inf"])
 @pytest.mark.parametrize("mask", ["causal", "window", "sinks"])
-def test_captured_bool_masks_skip_their_masked_tiles(mask, fill):
-    """The mask built outside and captured: (S, S), shared by the batch and the heads."""
+def test_captured_index_masks_skip_their_tiles_at_compile_time(mask, fill):
+    """The mask built outside and captured, (S, S), shared by the batch and the heads: its values follow the
+    positions (transform/constants.py), so it becomes index comparisons and skips as a mask built from arange does,
+    at compile time, with no pre-pass; the kernel visits the same tiles as that program's."""
     keep = MASKS[mask]()[0, 0].clone()
     q, k, v = _qkv(torch.float32, 5)
-    fn = captured_attention(keep, fill)
+    compiled, prog = _compiled(captured_attention(keep, fill), (q, k, v))
+    props = ft.explain(compiled, q, k, v).properties[0]
+    assert props.skipped and not props.runtime, props
+    assert not any(p.name.endswith("_ranges") for la in prog.launches for p in la.source.prologues)
+    built = {"causal": lambda i, j: j <= i, "window": lambda i, j: (j <= i) & (j > i - 20),
+             "sinks": lambda i, j: (j <= i) & ((j < 4) | (j > i - 16))}[mask]
+
+    def inside(q, k, v):
+        i, j = torch.arange(q.shape[-2])[:, None], torch.arange(k.shape[-2])[None, :]
+        s = q @ k.transpose(-1, -2) / math.sqrt(D)
+        return torch.softmax(s.masked_fill(~built(i, j), fill(s.dtype)).float(), dim=-1).to(q.dtype) @ v
+    _, reference = _compiled(inside, (q, k, v))
+    assert _run(prog, (q, k, v))[1] == _run(reference, (q, k, v))[1]
+
+
+def test_a_captured_mask_of_no_index_form_skips_at_run_time():
+    """Packed documents (a block-diagonal causal mask, captured): no band, sink or prefix form gives it, so it stays
+    a constant and the pre-pass gives each row tile its range."""
+    i, j = _index()
+    keep = (j <= i) & (i // 24 == j // 24)
+    q, k, v = _qkv(torch.float32, 6)
+    fn = captured_attention(keep, FINFO_MIN)
     compiled, prog = _compiled(fn, (q, k, v))
     assert ft.explain(compiled, q, k, v).properties[0].runtime
     bufs, dots = _run(prog, (q, k, v))
     visited, total = _check_ranges(_ranges(bufs, prog)[0], ~keep[None])
     assert visited < total
-    _, unmasked = _compiled(captured_attention(torch.ones(S, S, dtype=torch.bool), fill), (q, k, v))
-    assert dots * total == _run(unmasked, (q, k, v))[1] * visited
+    _, unmasked = _compiled(captured_attention(torch.ones(S, S, dtype=torch.bool), FINFO_MIN), (q, k, v))
+    assert dots < _run(unmasked, (q, k, v))[1]
 
 
 def test_one_generic_plan_serves_every_length():

@@ -358,3 +358,74 @@ def test_a_segment_said_empty_is_empty_on_every_row():
                             exec(line, env)
                         assert env[a] >= env[b], (kernel.name, a, b, fin, r0)
     assert found, "no segment empty at compile time: the test checks nothing"
+
+
+# ---- captured masks recognised as index predicates (transform/constants.py) ---------------------------------------
+
+def _grid(rows=S, cols=S, shift=0):
+    return torch.arange(rows)[:, None] + shift, torch.arange(cols)[None, :]
+
+
+@pytest.mark.parametrize("name, keep, form", [
+    ("causal", lambda i, j: j <= i, "d<=0"),
+    ("triu", lambda i, j: j > i, "d>=1"),
+    ("window", lambda i, j: (j <= i) & (j > i - 16), "d<=0 & d>=-15"),
+    ("two-sided window", lambda i, j: (j - i).abs() < 8, "d<=7 & d>=-7"),
+    ("sinks", lambda i, j: (j <= i) & ((j < 4) | (j > i - 16)), "d<=0 & (j<4 | d>=-15)"),
+    ("prefix", lambda i, j: (j <= i) | (j < 16), "d<=0 | j<16"),
+    ("everything", lambda i, j: (i >= 0) & (j >= 0), ""),
+])
+def test_index_masks_are_found_in_constants(name, keep, form):
+    from flashtensor.transform.constants import Atom, evaluate, index_form
+
+    def show(f):
+        if isinstance(f, Atom):
+            return f"{f.test}{f.c}"
+        inner = [show(p) if isinstance(p, Atom) or len(p.parts) < 2 else f"({show(p)})" for p in f.parts]
+        return (" | " if f.any_ else " & ").join(inner)
+    m = keep(*_grid())
+    f = index_form(m)
+    assert f is not None and show(f) == form
+    assert torch.equal(evaluate(f, S, S, m.device), m)
+
+
+@pytest.mark.parametrize("keep", [
+    lambda i, j: (j <= i) & (i // 16 == j // 16),          # packed documents
+    lambda i, j: (i * 7 + j * 3) % 5 == 0,
+    lambda i, j: (j <= i) & (j % 2 == 0),
+])
+def test_masks_of_no_index_form_stay_constants(keep):
+    from flashtensor.transform.constants import index_form
+    assert index_form(keep(*_grid())) is None
+
+
+@pytest.mark.parametrize("kind", ["bool", "uint8 tril buffer", "additive finfo.min", "additive -inf"])
+def test_a_captured_mask_becomes_index_comparisons_and_matches_eager(kind):
+    """GPT-2's `bias` buffer (a tril of ones, sliced to the keys and the last queries), a bool matrix, or an additive
+    mask of 0 and finfo.min or -inf: the decomposed graph holds no constant, and the compiled kernels skip its tiles
+    at compile time and match eager, for fewer queries than keys too."""
+    sq = 50
+    i, j = _grid(sq, S, S - sq)
+    full = torch.tril(torch.ones(S, S, dtype=torch.bool))
+    masks = {"bool": full, "uint8 tril buffer": full.to(torch.uint8)[None, None],
+             "additive finfo.min": torch.zeros(S, S).masked_fill(~full, torch.finfo(torch.float32).min),
+             "additive -inf": torch.zeros(S, S).masked_fill(~full, -math.inf)}
+    buffer = masks[kind]
+
+    def fn(q, k, v):
+        s = q @ k.transpose(-1, -2) / math.sqrt(D)
+        mask = buffer[..., S - sq:S, :S]
+        if mask.dtype == torch.float32:
+            s = s + mask
+        else:
+            s = torch.where(mask.bool(), s, torch.finfo(s.dtype).min)
+        return torch.softmax(s, dim=-1) @ v
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(B, H, sq, D, generator=g)
+    k, v = (torch.randn(B, H, S, D, generator=g) for _ in range(2))
+    plan = driver.build(fn, [q, k, v]).plan
+    assert not any(n.op == "const" and n.attrs["value"].numel() > 1 for n in plan.decomposed.nodes)
+    compiled = ft.compile(fn, cache=False)
+    assert_close(compiled(q, k, v), fn(q, k, v))
+    props = ft.explain(compiled, q, k, v).properties[0]
+    assert props.skipped and not props.runtime, props

@@ -2,7 +2,8 @@
 
 softmax -> max, sub, exp, sum, div; log_softmax -> max, sub, exp, sum, log, sub;
 mean -> sum, div; logsumexp -> max, sub, exp, sum, log, add; norm(p=1) -> abs, sum; norm(p=2) -> mul, sum, sqrt;
-masked_fill -> where; triu/tril -> where over index tensors; clamp -> maximum/minimum;
+masked_fill -> where; triu/tril, and constants that are index masks, -> where over index tensors;
+clamp -> maximum/minimum;
 addmm/linear -> matmul, add; elu -> where, expm1; log_sigmoid -> minimum, exp, log1p; nan_to_num -> where.
 The result is evaluated by the same reference evaluator.
 """
@@ -14,6 +15,7 @@ import torch
 
 from ..ir.graph import Builder, Graph, Node
 from ..ir.ops import WIDE, Op, scalar
+from .constants import as_index_predicate
 
 
 def decompose(g: Graph) -> Graph:
@@ -115,6 +117,13 @@ def _tri(lower: bool):
     return rule
 
 
+def _const(b: Builder, n: Node) -> Node:
+    """A captured mask whose values follow its positions becomes those index comparisons (transform/constants.py),
+    so value facts skip its tiles at compile time; any other constant stays."""
+    form = as_index_predicate(b, n)
+    return form if form is not None else b.add(n.op, (), n.shape, n.dtype, n.source, **n.attrs)
+
+
 def _addmm(b: Builder, n: Node, bias: Node, x: Node, w: Node) -> Node:
     mm = b.add("matmul", (x, w), n.shape, n.dtype, n.source)
     return b.add("add", (mm, bias), n.shape, n.dtype, n.source)
@@ -168,6 +177,7 @@ def _nan_to_num(b: Builder, n: Node, x: Node) -> Node:
 # one rule per composite op (ir.ops.COMPOSITE)
 _RULES = {
     Op.SOFTMAX: _softmax, Op.LOG_SOFTMAX: _softmax, Op.MEAN: _mean, Op.LOGSUMEXP: _logsumexp, Op.NORM: _norm,
-    Op.CLAMP: _clamp, Op.MASKED_FILL: _masked_fill, Op.TRIU: _tri(False), Op.TRIL: _tri(True), Op.ADDMM: _addmm,
+    Op.CONST: _const, Op.CLAMP: _clamp, Op.MASKED_FILL: _masked_fill, Op.TRIU: _tri(False), Op.TRIL: _tri(True),
+    Op.ADDMM: _addmm,
     Op.LINEAR: _linear, Op.ELU: _elu, Op.LOG_SIGMOID: _log_sigmoid, Op.NAN_TO_NUM: _nan_to_num,
 }
