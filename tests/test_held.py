@@ -110,6 +110,11 @@ def test_compare_with_exact():
     e32, o32 = (exact * (1 + 1e-2)).float(), (exact * (1 - 1.05e-2)).float()
     assert not compare_with_exact(o32, e32, exact).ok
     assert compare_with_exact(o32, e32, exact, torch.bfloat16).ok
+    # one bf16 step over the square root of the elements on top: 1.2e-2 against eager's 1e-2 passes on 9
+    # elements (a step flipped on one of them moves the error that far), not on 1000
+    for n, ok in ((9, True), (1000, False)):
+        x = torch.linspace(1, 2, n, dtype=torch.float64)
+        assert compare_with_exact((x * (1 - 1.2e-2)).float(), (x * (1 + 1e-2)).float(), x, torch.bfloat16).ok is ok
     # a float32 sum that cancels to 0 exactly, which eager's order leaves at 1e-7: the exact output passes, one
     # farther from float64 than eager does not
     zero = torch.zeros(16, dtype=torch.float64)
