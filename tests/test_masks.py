@@ -382,7 +382,7 @@ def test_index_masks_are_found_in_constants(name, keep, form):
         if isinstance(f, Atom):
             return f"{f.test}{f.c}"
         inner = [show(p) if isinstance(p, Atom) or len(p.parts) < 2 else f"({show(p)})" for p in f.parts]
-        return (" | " if f.any_ else " & ").join(inner)
+        return (" | " if f.disjunction else " & ").join(inner)
     m = keep(*_grid())
     f = index_form(m)
     assert f is not None and show(f) == form

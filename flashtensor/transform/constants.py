@@ -32,13 +32,13 @@ class Atom:
 
 
 @dataclass(frozen=True)
-class Both:
-    """Every part holds (`any_`: False) or some part holds (True)."""
-    parts: tuple[Union[Atom, "Both"], ...]
-    any_: bool
+class Join:
+    """Every part holds, or (`disjunction`) some part does."""
+    parts: tuple[Union[Atom, "Join"], ...]
+    disjunction: bool
 
 
-Form = Union[Atom, Both]
+Form = Union[Atom, Join]
 
 
 def index_form(m: torch.Tensor) -> Optional[Form]:
@@ -47,7 +47,7 @@ def index_form(m: torch.Tensor) -> Optional[Form]:
     rows, cols = m.shape
     kept = m.any(1)
     if not kept.any():
-        return Both((), True)               # nothing kept: a full False
+        return Join((), True)               # nothing kept: a full False
     x = torch.nn.functional.pad(m.to(torch.int8), (1, 1))
     step = x[:, 1:] - x[:, :-1]             # +1 where a run starts, -1 one past where it ends (columns 0..cols)
     starts, ends = (step == 1).to(torch.uint8), (step == -1).to(torch.uint8)
@@ -74,20 +74,20 @@ def _most(v: torch.Tensor) -> Optional[int]:
 
 def _band(a: Optional[int], b: Optional[int]) -> Form:
     parts = tuple(Atom(t, c) for t, c in (("d<=", a), ("d>=", b)) if c is not None)
-    return Both(parts, False)
+    return Join(parts, False)
 
 
 def _sinks(a: Optional[int], b: Optional[int], p: Optional[int]) -> Optional[Form]:
     if b is None or p is None:
         return None
-    inner = Both((Atom("j<", p), Atom("d>=", b)), True)
-    return Both(((Atom("d<=", a),) if a is not None else ()) + (inner,), False)
+    inner = Join((Atom("j<", p), Atom("d>=", b)), True)
+    return Join(((Atom("d<=", a),) if a is not None else ()) + (inner,), False)
 
 
 def _prefix(a: Optional[int], p: Optional[int]) -> Optional[Form]:
     if a is None or p is None:
         return None
-    return Both((Atom("d<=", a), Atom("j<", p)), True)
+    return Join((Atom("d<=", a), Atom("j<", p)), True)
 
 
 def evaluate(f: Form, rows: int, cols: int, device: torch.device) -> torch.Tensor:
@@ -96,10 +96,10 @@ def evaluate(f: Form, rows: int, cols: int, device: torch.device) -> torch.Tenso
     j = torch.arange(cols, device=device)[None, :]
     if isinstance(f, Atom):     # j - i <= c as j <= i + c: no int64 matrix
         return {"d<=": j <= i + f.c, "d>=": j >= i + f.c, "j<": (j < f.c).expand(rows, cols)}[f.test]
-    out = torch.full((rows, cols), not f.any_, device=device)
+    out = torch.full((rows, cols), not f.disjunction, device=device)
     for part in f.parts:
         v = evaluate(part, rows, cols, device)
-        out = out | v if f.any_ else out & v
+        out = out | v if f.disjunction else out & v
     return out
 
 
@@ -138,9 +138,9 @@ def _emit(b: Builder, f: Form, shape: tuple[int, int], device: torch.device, src
         bound = rows if f.c == 0 else b.add("add", (rows, f.c), shape, torch.int64, src)     # j - i <= c: j <= i + c
         return b.add("le" if f.test == "d<=" else "ge", (cols, bound), shape, torch.bool, src)
     if not f.parts:
-        return b.add("full", (), shape, torch.bool, src, value=not f.any_, device=device)
+        return b.add("full", (), shape, torch.bool, src, value=not f.disjunction, device=device)
     out = _emit(b, f.parts[0], shape, device, src)
     for part in f.parts[1:]:
-        out = b.add("logical_or" if f.any_ else "logical_and", (out, _emit(b, part, shape, device, src)), shape,
+        out = b.add("logical_or" if f.disjunction else "logical_and", (out, _emit(b, part, shape, device, src)), shape,
                     torch.bool, src)
     return out
