@@ -1,8 +1,8 @@
 """The differential fuzzer's grammar (tests/test_fuzz.py): a drawn `Spec`, the plain-PyTorch program it stands
 for, its inputs and how it is called.
 
-The programs use the idioms real attention code uses: masks from index comparisons or from
-`torch.ones(..., dtype=torch.bool).triu`, filled with -inf, torch.finfo(dtype).min or -1e9, or Hugging Face's
+The programs use the idioms real attention code uses: masks from index comparisons, from
+`torch.ones(..., dtype=torch.bool).triu`, or sliced from a bool buffer built once outside (GPT-2's `bias`), filled with -inf, torch.finfo(dtype).min or -1e9, or Hugging Face's
 additive (B, 1, Sq, Skv) mask built outside and passed in, with left padding, the masked scores clamped at
 finfo.min by torch.max; RoPE by slicing and torch.cat, or
 GPT-J's step-2 slices stacked back; pointwise weights (sigmoid, SiLU, GELU, softplus, relu6); logsumexp and std;
@@ -13,6 +13,7 @@ variable, a keyword, a default or a module global that changes between calls; in
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import random
@@ -77,6 +78,7 @@ class Spec:
     config: int = 0                   # the tuner config its kernels use: an index into autotune.CONFIGS
     fill: str = "-inf"                # the masked scores' value: -inf | finfo (torch.finfo(dtype).min) | -1e9
     mask_from: str = "iota"           # iota (index comparisons) | ones (torch.ones(Sq, Skv, dtype=bool).triu/tril)
+    #                                   | buffer (a captured bool matrix of every position, sliced as GPT-2 does)
     pad: int = 0                      # apply "input": each sequence's keys left-padded by up to this many
     rope: bool = False                # q and k rotated by rotate_half (slices and torch.cat), cos/sin as inputs
     rope_style: str = "half"          # half (rotate_half) | every_two (GPT-J's step-2 slices, stacked, flattened)
@@ -144,11 +146,24 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str) -> 
     return x * cos[-n:] + (_rotate_every_two(x) if style == "every_two" else _rotate_half(x)) * sin[-n:]
 
 
+BUFFER = 128     # positions of the captured masks (mask_from "buffer"): more than any drawn length
+
+
+@functools.cache
+def _kept_positions(mask: str, width: int, device: Any) -> torch.Tensor:
+    """The keys each position keeps, built once outside the programs and captured (a model's registered buffer):
+    one tensor per mask, so a plan's guards see the same constant on every call."""
+    keep = torch.tril(torch.ones(BUFFER, BUFFER, dtype=torch.bool, device=device))
+    return keep & torch.triu(torch.ones_like(keep), -width) if mask == "band" else keep
+
+
 def masked(spec: Spec, sq: Any, sk: Any, device: Any) -> Optional[torch.Tensor]:
     """The (sq, sk) positions the mask removes (bottom-right aligned), or None; sq and sk are the lengths as the
     program reads them off its tensors (symbolic in a shape-generic trace). mask_from "ones" builds the causal
     and band parts as code often does, from a bool matrix of ones; the prefix's columns stay a comparison."""
     off = sk - sq
+    if spec.mask_from == "buffer" and spec.mask in ("causal", "band"):
+        return ~_kept_positions(spec.mask, spec.width, device)[off:off + sq, :sk]
     if spec.mask_from == "ones" and spec.mask in ("causal", "band"):
         ones = torch.ones(sq, sk, dtype=torch.bool, device=device)
         above = ones.triu(off + 1)
@@ -393,7 +408,7 @@ def specs(draw) -> Spec:
         float_probs=draw(st.booleans()), stats=tuple(stats), threshold=draw(st.sampled_from([0.5, 1.0, 2.0])),
         cast_inside=dtype != torch.float32 and draw(st.booleans()), noise=noise,
         plant=draw(st.sampled_from([None, None, 0.0, -1.0, math.nan, 1e-40, math.inf])) if noise else None,
-        fill=draw(st.sampled_from(fills)), mask_from=draw(st.sampled_from(["iota", "ones"])),
+        fill=draw(st.sampled_from(fills)), mask_from=draw(st.sampled_from(["iota", "ones", "buffer"])),
         pad=draw(st.integers(0, kv_len - 1)) if apply == "input" else 0,
         rope=(rope := draw(st.sampled_from([False] * 5 + [True]))),
         rope_by=draw(st.sampled_from(["slice", "index"])) if rope else "slice",
