@@ -151,10 +151,11 @@ BUFFER = 128     # positions of the captured masks (mask_from "buffer"): more th
 
 @functools.cache
 def _kept_positions(mask: str, width: int, device: Any) -> torch.Tensor:
-    """The keys each position keeps, built once outside the programs and captured (a model's registered buffer):
-    one tensor per mask, so a plan's guards see the same constant on every call."""
-    keep = torch.tril(torch.ones(BUFFER, BUFFER, dtype=torch.bool, device=device))
-    return keep & torch.triu(torch.ones_like(keep), -width) if mask == "band" else keep
+    """The keys each query position keeps, built once outside the programs and captured (a model's registered
+    buffer): one tensor per mask, so a plan's guards see the same constant on every call. Row r is position
+    r - BUFFER, so that more queries than keys (bottom-right aligned: the first ones before every key) slice it."""
+    keep = torch.tril(torch.ones(2 * BUFFER, BUFFER, dtype=torch.bool, device=device), -BUFFER)
+    return keep & torch.triu(torch.ones_like(keep), -BUFFER - width) if mask == "band" else keep
 
 
 def masked(spec: Spec, sq: Any, sk: Any, device: Any) -> Optional[torch.Tensor]:
@@ -163,7 +164,7 @@ def masked(spec: Spec, sq: Any, sk: Any, device: Any) -> Optional[torch.Tensor]:
     and band parts as code often does, from a bool matrix of ones; the prefix's columns stay a comparison."""
     off = sk - sq
     if spec.mask_from == "buffer" and spec.mask in ("causal", "band"):
-        return ~_kept_positions(spec.mask, spec.width, device)[off:off + sq, :sk]
+        return ~_kept_positions(spec.mask, spec.width, device)[BUFFER + off:BUFFER + off + sq, :sk]
     if spec.mask_from == "ones" and spec.mask in ("causal", "band"):
         ones = torch.ones(sq, sk, dtype=torch.bool, device=device)
         above = ones.triu(off + 1)

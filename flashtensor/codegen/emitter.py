@@ -8,6 +8,7 @@ finite check's lines are check.py's, the loop's structure loop.py's.
 """
 from __future__ import annotations
 
+import ast
 from typing import Any, Optional, Sequence
 
 import torch
@@ -315,9 +316,21 @@ class Emitter(Tiles):
 
 
 def _literal(expr: str) -> bool:
-    """Whether an emitted expression is a number literal (a value the facts fix), not a tensor."""
+    """Whether an emitted expression is arithmetic on numbers alone (values the facts fix: `float("-inf") * 0.5 *
+    0.0 / 64` in a tile folded by a -inf mask), a Python number in Triton, not a tensor."""
     try:
-        float(expr.strip("()"))
-    except ValueError:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError:
         return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            if not (isinstance(node.func, ast.Name) and node.func.id == "float" and len(node.args) == 1
+                    and isinstance(node.args[0], ast.Constant) and not node.keywords):
+                return False
+        elif isinstance(node, ast.Name):
+            if node.id != "float":
+                return False
+        elif not isinstance(node, (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Constant, ast.operator,
+                                   ast.unaryop, ast.Load)):
+            return False
     return True
