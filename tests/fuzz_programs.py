@@ -13,7 +13,6 @@ variable, a keyword, a default or a module global that changes between calls; in
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import os
 import random
@@ -147,15 +146,20 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str) -> 
 
 
 BUFFER = 128     # positions of the captured masks (mask_from "buffer"): more than any drawn length
+WIDTHS = 41      # band widths drawn: 0..40
 
 
-@functools.cache
-def _kept_positions(mask: str, width: int, device: Any) -> torch.Tensor:
-    """The keys each query position keeps, built once outside the programs and captured (a model's registered
-    buffer): one tensor per mask, so a plan's guards see the same constant on every call. Row r is position
-    r - BUFFER, so that more queries than keys (bottom-right aligned: the first ones before every key) slice it."""
-    keep = torch.tril(torch.ones(2 * BUFFER, BUFFER, dtype=torch.bool, device=device), -BUFFER)
+def _kept_positions(mask: str, width: int) -> torch.Tensor:
+    """The keys each query position keeps, as a model registers such a buffer: built before any program runs (a
+    program traced on fake tensors would make it fake) and captured, one tensor per mask, so a plan's guards see
+    the same constant on every call. Row r is position r - BUFFER, so that more queries than keys (bottom-right
+    aligned: the first ones before every key) slice it."""
+    keep = torch.tril(torch.ones(2 * BUFFER, BUFFER, dtype=torch.bool, device=DEVICE), -BUFFER)
     return keep & torch.triu(torch.ones_like(keep), -BUFFER - width) if mask == "band" else keep
+
+
+KEPT = {("causal", 0): _kept_positions("causal", 0),
+        **{("band", w): _kept_positions("band", w) for w in range(WIDTHS)}}
 
 
 def masked(spec: Spec, sq: Any, sk: Any, device: Any) -> Optional[torch.Tensor]:
@@ -164,7 +168,7 @@ def masked(spec: Spec, sq: Any, sk: Any, device: Any) -> Optional[torch.Tensor]:
     and band parts as code often does, from a bool matrix of ones; the prefix's columns stay a comparison."""
     off = sk - sq
     if spec.mask_from == "buffer" and spec.mask in ("causal", "band"):
-        return ~_kept_positions(spec.mask, spec.width, device)[BUFFER + off:BUFFER + off + sq, :sk]
+        return ~KEPT[spec.mask, spec.width if spec.mask == "band" else 0][BUFFER + off:BUFFER + off + sq, :sk]
     if spec.mask_from == "ones" and spec.mask in ("causal", "band"):
         ones = torch.ones(sq, sk, dtype=torch.bool, device=device)
         above = ones.triu(off + 1)
@@ -405,7 +409,7 @@ def specs(draw) -> Spec:
         scale=draw(st.sampled_from([1.0, 0.25, 1 / math.sqrt(common["dim"])])),
         cap=draw(st.one_of(st.none(), st.sampled_from([5.0, 30.0]))),
         slope=draw(st.one_of(st.none(), st.sampled_from([0.05, -0.5]))),
-        mask=mask, width=draw(st.integers(0, 40)), apply=apply,
+        mask=mask, width=draw(st.integers(0, WIDTHS - 1)), apply=apply,
         float_probs=draw(st.booleans()), stats=tuple(stats), threshold=draw(st.sampled_from([0.5, 1.0, 2.0])),
         cast_inside=dtype != torch.float32 and draw(st.booleans()), noise=noise,
         plant=draw(st.sampled_from([None, None, 0.0, -1.0, math.nan, 1e-40, math.inf])) if noise else None,

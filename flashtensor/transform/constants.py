@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from ..ir.graph import Builder, Node
 from ..ir.ops import scalar
@@ -107,8 +108,9 @@ def as_index_predicate(b: Builder, n: Node) -> Optional[Node]:
     """The constant n as a form of iota comparisons (where(form, hi, lo) for a constant of two values), or None
     where its values follow none."""
     value: torch.Tensor = n.attrs["value"]
-    if value.dim() < 2 or any(s != 1 for s in value.shape[:-2]) or min(value.shape[-2:]) < 2:
-        return None
+    if isinstance(value, FakeTensor) or value.device.type == "meta" or value.dim() < 2 \
+            or any(s != 1 for s in value.shape[:-2]) or min(value.shape[-2:]) < 2:
+        return None     # a value the trace made (on fake tensors) has no values to read
     flat = value.reshape(value.shape[-2:])
     if value.dtype == torch.bool:
         levels = [False, True]
