@@ -429,3 +429,17 @@ def test_a_captured_mask_becomes_index_comparisons_and_matches_eager(kind):
     assert_close(compiled(q, k, v), fn(q, k, v))
     props = ft.explain(compiled, q, k, v).properties[0]
     assert props.skipped and not props.runtime, props
+
+
+@pytest.mark.parametrize("value, kept", [
+    (torch.randn(S, S), False),                                           # a captured bias table: more values
+    (torch.full((S, S), -1e9), False),                                    # one value
+    (torch.tril(torch.ones(S, S)).masked_fill(torch.eye(S, dtype=torch.bool), math.nan), False),   # a NaN
+    (torch.where(torch.tril(torch.ones(S, S, dtype=torch.bool)), 2.0, -1e9), True),    # two values, causal
+])
+def test_only_two_valued_constants_of_index_form_are_rewritten(value, kept):
+    from flashtensor.ir.graph import Builder
+    from flashtensor.transform.constants import as_index_predicate
+    b = Builder()
+    n = b.add("const", (), tuple(value.shape), value.dtype, value=value)
+    assert (as_index_predicate(Builder(), n) is not None) is kept

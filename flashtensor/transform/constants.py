@@ -112,14 +112,10 @@ def as_index_predicate(b: Builder, n: Node) -> Optional[Node]:
             or any(s != 1 for s in value.shape[:-2]) or min(value.shape[-2:]) < 2:
         return None     # a value the trace made (on fake tensors) has no values to read
     flat = value.reshape(value.shape[-2:])
-    if value.dtype == torch.bool:
-        levels = [False, True]
-        m = flat
-    else:
-        levels = torch.unique(flat).tolist()
-        if len(levels) != 2 or value.is_complex():
-            return None
-        m = flat == levels[1]
+    levels = [False, True] if value.dtype == torch.bool else _two_levels(flat)
+    if levels is None:
+        return None
+    m = flat if value.dtype == torch.bool else flat == levels[1]
     f = index_form(m)
     if f is None:
         return None
@@ -129,6 +125,18 @@ def as_index_predicate(b: Builder, n: Node) -> Optional[Node]:
         b.add("where", (keep, scalar(levels[1], value.dtype), scalar(levels[0], value.dtype)), keep.shape,
               value.dtype, n.source)
     return out if out.shape == n.shape else b.add("reshape", (out,), n.shape, value.dtype, n.source)
+
+
+def _two_levels(flat: torch.Tensor) -> Optional[list]:
+    """The two values of a numeric matrix, the lower first, or None where it holds one, more, a NaN or complex
+    numbers (two passes, no sort: a captured bias table may be large)."""
+    if flat.is_complex() or (flat.is_floating_point() and bool(flat.isnan().any())):
+        return None
+    first = flat[0, 0]
+    other = flat[flat != first]
+    if other.numel() == 0 or not bool(((flat == first) | (flat == other[0])).all()):
+        return None
+    return sorted([first.item(), other[0].item()])
 
 
 def _emit(b: Builder, f: Form, shape: tuple[int, int], device: torch.device, src: str) -> Node:

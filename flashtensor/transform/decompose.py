@@ -174,10 +174,9 @@ def _nan_to_num(b: Builder, n: Node, x: Node) -> Node:
     return x
 
 
-# one rule per composite op (ir.ops.COMPOSITE)
+# one rule per composite op (ir.ops.COMPOSITE), and one for constants
 _RULES = {
     Op.SOFTMAX: _softmax, Op.LOG_SOFTMAX: _softmax, Op.MEAN: _mean, Op.LOGSUMEXP: _logsumexp, Op.NORM: _norm,
-    Op.CONST: _const, Op.CLAMP: _clamp, Op.MASKED_FILL: _masked_fill, Op.TRIU: _tri(False), Op.TRIL: _tri(True),
-    Op.ADDMM: _addmm,
-    Op.LINEAR: _linear, Op.ELU: _elu, Op.LOG_SIGMOID: _log_sigmoid, Op.NAN_TO_NUM: _nan_to_num,
+    Op.CLAMP: _clamp, Op.MASKED_FILL: _masked_fill, Op.TRIU: _tri(False), Op.TRIL: _tri(True), Op.ADDMM: _addmm,
+    Op.LINEAR: _linear, Op.ELU: _elu, Op.LOG_SIGMOID: _log_sigmoid, Op.NAN_TO_NUM: _nan_to_num, Op.CONST: _const,
 }
