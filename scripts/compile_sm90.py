@@ -87,15 +87,10 @@ def _compiled_module(path: Path) -> Any:
 
 def _compile(src: Any, where: Path) -> list[str]:
     """Compile one KernelSource for sm_90 in both modes; the errors (empty when both build)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     path = where / f"{src.name}_{abs(hash(src.source))}.py"
     path.write_text(src.source)
     module = _compiled_module(path)
-    def sig(buffers: list, sizes: list[str]) -> dict[str, str]:
-        return {**{b.name: "*" + _TYPES[b.dtype] for b in buffers}, **{n: "i32" for n in sizes}}
+    sig = _signature
     # the kernel in both modes, each pre-pass launched before it (run-time tile ranges, codegen/ranges.py), and the
     # combine launched after a split loop (codegen/split.py), in both modes too
     modes = (0, 1) if src.fixup else (0,)
@@ -106,17 +101,45 @@ def _compile(src: Any, where: Path) -> list[str]:
                for mode in (modes if c else ())]
     errors = []
     for name, types, modes, warps, stages in builds:
-        # every pointer 16-byte aligned, as a launch on the GPU specialises torch's allocations: the code it then
-        # vectorises is what fails (a bool mask's cp.async of 1 byte once, which unaligned compiles passed)
-        aligned = {(i,): [["tt.divisibility", 16]] for i in range(len(types))}
         try:
-            triton.compile(ASTSource(fn=getattr(module, name),
-                                     signature={**types, **{m: "constexpr" for m in modes}, "PDL": "constexpr"},
-                                     constexprs={**modes, "PDL": True}, attrs=aligned),
-                           target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+            _sm90(getattr(module, name), types, modes, warps, stages)
         except Exception as e:  # noqa: BLE001 - every failure is a finding
             errors.append(f"{name} {modes}: {type(e).__name__}: {_where(e)} (source: {path})")
     return errors
+
+
+def _signature(buffers: list, sizes: list[str]) -> dict[str, str]:
+    return {**{b.name: "*" + _TYPES[b.dtype] for b in buffers}, **{n: "i32" for n in sizes}}
+
+
+def _sm90(fn: Any, types: dict[str, str], modes: dict[str, int], warps: int, stages: int) -> Any:
+    """fn compiled for sm_90 with every pointer 16-byte aligned, as a launch on the GPU specialises torch's
+    allocations: the code it then vectorises is what fails (a bool mask's cp.async of 1 byte once, which unaligned
+    compiles passed)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    aligned = {(i,): [["tt.divisibility", 16]] for i in range(len(types))}
+    return triton.compile(ASTSource(fn=fn, signature={**types, **{m: "constexpr" for m in modes}, "PDL": "constexpr"},
+                                    constexprs={**modes, "PDL": True}, attrs=aligned),
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+
+
+def shared_bytes(fn: Any, args: tuple, cfg: Any) -> list[int]:
+    """The shared memory of each kernel of fn's first candidate plan at tile config cfg, compiled for sm_90
+    (MODE 0)."""
+    where = Path(tempfile.mkdtemp(prefix="sm90-"))
+    (_, plan), *_ = driver.candidate_plans(fn, list(args), Options())
+    out = []
+    for spec in next(iter(plan.stages["emit"].values())):
+        src = emit_kernel(spec, cfg)
+        path = where / f"{src.name}.py"
+        path.write_text(src.source)
+        kernel = _sm90(getattr(_compiled_module(path), src.name), _signature(src.buffers, src.sizes), {"MODE": 0},
+                       src.num_warps, src.num_stages)
+        out.append(kernel.metadata.shared)
+    return out
 
 
 def found(name: str) -> tuple[Any, tuple]:

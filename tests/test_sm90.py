@@ -13,7 +13,7 @@ import torch
 
 from flashtensor import driver, knobs
 from flashtensor.codegen.kernel import emit_kernel
-from flashtensor.options import CONFIGS, Options
+from flashtensor.options import CONFIGS, Options, TileConfig
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "compile_sm90.py"
 
@@ -66,3 +66,43 @@ def test_float32_dots_take_the_precision_the_options_name(f32_dot):
             source = emit_kernel(next(iter(plan.stages["emit"].values()))[0], CONFIGS[0]).source
         dots = [line for line in source.splitlines() if "tl.dot(" in line]
         assert dots and all(f'input_precision="{want}")' in line for line in dots), dots
+
+
+@pytest.mark.unit
+def test_segments_that_load_a_mask_run_one_stage_fewer():
+    """A passed mask's kernel: the kept run (no mask load) keeps the config's 3 stages, the partial segments
+    around it take 2, so that their mask tiles do not raise the kernel's shared memory above the kept run's."""
+    q, k, v = (torch.empty(1, 2, 256, 128, device="meta") for _ in range(3))
+    mask = torch.empty(1, 1, 256, 256, device="meta")
+
+    def attention(q, k, v, mask):
+        return torch.softmax(q @ k.transpose(-1, -2) + mask, dim=-1) @ v
+
+    (_, plan), *_ = driver.candidate_plans(attention, [q, k, v, mask], Options())
+    spec = next(iter(plan.stages["emit"].values()))[0]
+    first = emit_kernel(spec, TileConfig(64, 64, 4, 3)).source.split("if MODE == 0")[0].split("else:")[-1]
+    stages = [int(line.split("num_stages=")[1][0]) for line in first.splitlines() if "tl.range(" in line]
+    assert sorted(stages) == [2] * (len(stages) - 1) + [3], stages
+
+
+def test_a_passed_mask_kernel_takes_the_shared_memory_of_an_inside_one():
+    """Compiled for sm_90 at 64 x 64 tiles, 3 stages: causal attention under a passed fp16 mask needs no more shared
+    memory than the same mask built from indices (112 KB: two programs per SM; 128 KB before its partial
+    segments took one stage fewer)."""
+    code = """
+import sys, tempfile, torch
+sys.path[:0] = [sys.argv[1], sys.argv[2]]
+import compile_sm90 as C
+from flashtensor.bench import peers
+from flashtensor.options import TileConfig
+for form in ("inside", "passed"):
+    row = peers.ROWS["causal"]
+    args = peers.inputs(row, form, torch.float16, "cpu", B=1, H=2, S=256, D=128)
+    print(form, C.shared_bytes(peers.program(row, form, 256, "cpu"), args, TileConfig(64, 64, 4, 3)))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", code, str(SCRIPT.parent), str(SCRIPT.parents[1])], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = dict(line.split(" ", 1) for line in run.stdout.strip().splitlines())
+    assert got["inside"] == got["passed"], got

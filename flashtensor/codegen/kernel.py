@@ -59,7 +59,8 @@ def emit_kernel(spec: KernelSpec, cfg: TileConfig) -> KernelSource:
                     ctx.cache[id(n)] = em.compute(n, ctx, ctx.lines)
             step = f"i_{s.loop} = l0" if s.stepped else f"o_{s.loop} = l0 + tl.arange(0, {em.blk[s.loop]})"
             if not early:
-                body += loop.loop_header(em, k, lo, hi, stages) + ["    " + ln for ln in [step] + ctx.lines]
+                depth = stages if narrow else loop.stages_of(em, region, stages)    # narrow: never two stages
+                body += loop.loop_header(em, k, lo, hi, depth) + ["    " + ln for ln in [step] + ctx.lines]
                 continue
             empty = loop.empty_in(em, lo, hi)
             if len(empty) == 2:

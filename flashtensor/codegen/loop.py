@@ -182,6 +182,16 @@ def _bulk(em: Tiles, k: int, ua: str, ub: str, region: frozenset, kept: tuple[st
             (fb, ub, region, False)]
 
 
+def stages_of(em: Tiles, region: frozenset, stages: int) -> int:
+    """A segment's pipeline stages. Where a pre-pass found a run of tiles the masks keep whole, the segments outside
+    it load a mask tile beside each K and V tile: one stage fewer there keeps the kernel's shared memory at the
+    kept run's (causal under a passed fp16 mask, 64 x 64 tiles, 3 stages: 128 KB, one program per SM of an H100,
+    against 112 KB and two), for the few partial tiles those segments cover. Never down to one: ptxas (Triton 3.6,
+    sm_90) crashes on a left-padding kernel's fixup pass whose partial loops are not pipelined."""
+    kept = ranges.kept_atoms(em.s)
+    return stages - 1 if kept and stages > 2 and not set(kept) <= region else stages
+
+
 def loop_header(em: Tiles, k: int, lo: str, hi: str, stages: int) -> list[str]:
     """The header of segment k's loop over [lo, hi), tiles of the loop variable at `l0`. With a gap found at run
     time, the loop counts the segment's tiles outside it and steps over it (one loop, not one per side, so the body
