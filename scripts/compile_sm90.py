@@ -90,14 +90,14 @@ def _compile(src: Any, where: Path) -> list[str]:
     path = where / f"{src.name}_{abs(hash(src.source))}.py"
     path.write_text(src.source)
     module = _compiled_module(path)
-    sig = _signature
     # the kernel in both modes, each pre-pass launched before it (run-time tile ranges, codegen/ranges.py), and the
     # combine launched after a split loop (codegen/split.py), in both modes too
     modes = (0, 1) if src.fixup else (0,)
-    builds = [(src.name, sig(src.buffers, src.sizes), {"MODE": mode}, src.num_warps, src.num_stages) for mode in modes]
-    builds += [(p.name, sig(p.buffers, p.sizes), {}, p.num_warps, src.num_stages) for p in src.prologues]
+    builds = [(src.name, _signature(src.buffers, src.sizes), {"MODE": mode}, src.num_warps, src.num_stages)
+              for mode in modes]
+    builds += [(p.name, _signature(p.buffers, p.sizes), {}, p.num_warps, src.num_stages) for p in src.prologues]
     c = src.combine
-    builds += [(c.name, sig(c.buffers, c.sizes), {"MODE": mode}, c.num_warps, src.num_stages)
+    builds += [(c.name, _signature(c.buffers, c.sizes), {"MODE": mode}, c.num_warps, src.num_stages)
                for mode in (modes if c else ())]
     errors = []
     for name, types, modes, warps, stages in builds:
@@ -109,6 +109,7 @@ def _compile(src: Any, where: Path) -> list[str]:
 
 
 def _signature(buffers: list, sizes: list[str]) -> dict[str, str]:
+    """A kernel's argument types as Triton's compiler takes them: its buffers' pointers, then its sizes."""
     return {**{b.name: "*" + _TYPES[b.dtype] for b in buffers}, **{n: "i32" for n in sizes}}
 
 
