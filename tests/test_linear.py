@@ -151,3 +151,25 @@ def test_a_context_that_no_query_varies_gets_a_kernel_of_its_own():
 
     assert each_partition(run) >= 2
     assert [(2, 16, 16), (2, 16)] in [sorted(s, key=len, reverse=True) for s in seen], seen
+
+
+def projected_attention(x, w_q, w_k):
+    """Attention over projections of float32 features, q's through SiLU: the projections are contractions over the
+    80 features, which a kernel over query tiles and a loop over key tiles holds whole."""
+    q, k = F.silu(x) @ w_q, x @ w_k
+    return torch.softmax(q @ k.transpose(-1, -2) * k.shape[-1] ** -0.5, dim=-1) @ k
+
+
+def test_float32_contractions_over_a_whole_axis_run_a_chunk_at_a_time():
+    """A float32 contraction over an axis the tile holds whole (here 80 features, a block of 128) runs as a loop
+    over 32-wide chunks of it, each chunk's operands computed in the loop (SiLU included) and the 80-feature edge
+    masked: whole operand tiles took every register on the GPU (EA's projections spilled 3 KB per thread as 3xTF32,
+    none chunked). Checked against eager at fresh inputs."""
+    g = torch.Generator().manual_seed(int(torch.randint(1 << 30, ())))
+    x = torch.randn(2, 300, 80, generator=g)
+    w_q, w_k = (torch.randn(80, 16, generator=g) * 0.1 for _ in range(2))
+    (launch,) = fused(projected_attention, (x, w_q, w_k), kernels=1).launches
+    src = launch.source.source
+    assert "tl.range(0, 80, 32)" in src and re.search(r"o_v\d+c\[[^]]*\] < 80", src), src
+    x_loads = re.findall(r"tl\.load\(inp0 [^\n]*", src)      # x is the first input
+    assert x_loads and all(re.search(r"o_v\d+c\[", ld) for ld in x_loads), x_loads

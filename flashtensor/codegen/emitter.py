@@ -15,12 +15,14 @@ import torch
 
 from ..analysis.facts import IDENTITY, exact_sum
 from ..ir.loops import Affine, LNode, LOutput, Var, read_input
-from ..ir.sizes import source, times
+from ..ir.sizes import source, symbolic, times
 from ..schedule.schedule import Factor, ScheduleError
 from . import check, forms
 from .body import Body
 from .lower import BINARY, HALF, NAN_REDUCE, TL, UNARY, contig, lit, round_to
 from .tiles import Tiles
+
+CHUNK = 32       # the piece of a chunked contraction's axis (Emitter.chunked_dot)
 
 
 class Emitter(Tiles):
@@ -28,6 +30,12 @@ class Emitter(Tiles):
 
     def value(self, n: LNode, ctx: Optional[Body]) -> tuple[str, list[Var]]:
         """Triton expression (a variable name) for node n, emitting its code where it belongs."""
+        if self.chunk is not None:      # a chunked contraction's operand: over the chunk in its loop, else outside
+            k, inner, ctx = self.chunk
+            if k in self.tvars(n):
+                if id(n) not in inner.cache:
+                    inner.cache[id(n)] = self.compute(n, inner, inner.lines)
+                return inner.cache[id(n)]
         hit = ctx.lookup(n) if ctx else None
         if hit is None:
             hit = self.cache_pre.get(id(n))
@@ -158,6 +166,8 @@ class Emitter(Tiles):
         tv = self.tvars(n)
         if n in self.s.dots:
             a, b, k = self.s.dots[n]
+            if self.chunks(n):
+                return self.chunked_dot(n, ctx, lines, out), tv
             opa, opb = self.operand(a, n, True, ctx, lines), self.operand(b, n, False, ctx, lines)
             lines.append(f"{out} = tl.dot({opa}, {opb}{self.dot_prec(a + b)})")
             return out, tv
@@ -174,6 +184,41 @@ class Emitter(Tiles):
         else:
             lines.append(f"{out} = {self.extreme(n, kind, e, xt.index(v))}")
         return out, tv
+
+    def chunks(self, n: LNode) -> bool:
+        """Whether contraction n runs as a loop over chunks of its axis (`chunked_dot`): a float32 one over an axis
+        held whole and longer than a chunk, whose operands along that axis are elementwise in loads and indices
+        (no reduction, no value the finite check watches). Its operand tiles, whole, took every register: EA's
+        projections of a 64 x 128 float32 tile by 128 x 32 weights, as 3xTF32, spilled 3 KB per thread."""
+        a, b, k = self.s.dots[n]
+        if k not in self.s.whole or symbolic(k.extent) or k.extent <= CHUNK or self.half(a + b):
+            return False
+        watched = set(self.checks) | set(self.ftz)
+
+        def elementwise(x: object) -> bool:
+            if not isinstance(x, LNode) or k not in x.vars or x in self.s.boundary:
+                return True
+            if x.op == "load":
+                return x.attrs["input"] not in watched
+            return x.op not in ("reduce", "at") and x not in self.s.accums and all(map(elementwise, x.args))
+        return all(elementwise(f) for f, _ in a + b)
+
+    def chunked_dot(self, n: LNode, ctx: Optional[Body], lines: list[str], out: str) -> str:
+        """Contraction n as tl.dot over CHUNK-wide pieces of its axis k, accumulated: each piece's operands are
+        computed inside the loop (their values off k before it), so no whole operand tile stays live."""
+        a, b, k = self.s.dots[n]
+        inner = Body(ctx.pass_ if ctx else 0, ctx.region if ctx else frozenset(), ctx.bounds if ctx else False, {})
+        full, raw = self.blk[k], dict(self.raw)
+        self.blk[k], self.chunk = CHUNK, (k, inner, ctx)
+        try:
+            opa, opb = self.operand(a, n, True, inner, inner.lines), self.operand(b, n, False, inner, inner.lines)
+        finally:
+            self.blk[k], self.chunk, self.raw = full, None, raw
+        shape = ", ".join(str(self.blk[v]) for v in self.tvars(n))
+        lines += [f"{out} = tl.zeros([{shape}], tl.float32)", f"for c_{k} in tl.range(0, {k.extent}, {CHUNK}):",
+                  f"    o_{k}c = c_{k} + tl.arange(0, {CHUNK})"] + ["    " + ln for ln in inner.lines] + \
+                 [f"    {out} = tl.dot({opa}, {opb}, {out}{self.dot_prec(a + b)})"]
+        return out
 
     def dot_prec(self, factors: Sequence[Factor]) -> str:
         """Half operands as they are; float32 ones as Options.f32_dot says (exact in the interpreter)."""

@@ -57,6 +57,9 @@ class Tiles(abc.ABC):
         self.carriers: dict[str, list[Var]] = {}   # sum accumulators that took in a check (see loop.py)
         self.splits: Size = 1       # programs per row tile, each over a piece of the loop (split.py)
         self.limits: list[str] = []     # the tile offsets' reach in a shape-generic kernel (see `offset`)
+        # while a contraction's operands are emitted a chunk of its axis at a time (emitter.chunked_dot): that
+        # axis, the body of the chunk loop, and the body the contraction itself is in
+        self.chunk: Optional[tuple[Var, Body, Optional[Body]]] = None
 
     @property
     def split(self) -> bool:
@@ -69,7 +72,11 @@ class Tiles(abc.ABC):
 
     def padded(self, v: Var) -> bool:
         """Whether v's tile may hold positions past its extent (always, where the extent is symbolic)."""
-        return symbolic(v.extent) or self.blk[v] != v.extent
+        return symbolic(v.extent) or (v.extent % self.blk[v] != 0 if self.chunked(v) else self.blk[v] != v.extent)
+
+    def chunked(self, v: Var) -> bool:
+        """Whether v is the axis a contraction's operands are now emitted a chunk at a time over."""
+        return self.chunk is not None and v is self.chunk[0]
 
     def fresh(self, base: str) -> str:
         self.tmp += 1
@@ -85,9 +92,10 @@ class Tiles(abc.ABC):
     def idx(self, v: Var, tv: list[Var]) -> str:
         if self.scalar(v):
             return f"i_{v}"
+        name = f"o_{v}c" if self.chunked(v) else f"o_{v}"
         if len(tv) <= 1:
-            return f"o_{v}"
-        return f"o_{v}[:, None]" if tv.index(v) == 0 else f"o_{v}[None, :]"
+            return name
+        return f"{name}[:, None]" if tv.index(v) == 0 else f"{name}[None, :]"
 
     def bcast(self, expr: str, have: list[Var], want: list[Var]) -> str:
         if have == want or not have:
@@ -133,7 +141,7 @@ class Tiles(abc.ABC):
         """Whether some tile of v reaches past its extent."""
         if symbolic(v.extent):
             return True
-        return v.extent % self.blk[v] != 0 if v in (self.s.row, self.s.loop) else self.blk[v] != v.extent
+        return v.extent % self.blk[v] != 0 if v in (self.s.row, self.s.loop) else self.padded(v)
 
     def range_mask(self, tv: list[Var]) -> Optional[str]:
         """Bounds test for a tile that can reach past an extent. Loop ranges start at multiples of the
