@@ -341,8 +341,8 @@ def inputs(spec: Spec) -> tuple[torch.Tensor, ...]:
     if spec.apply == "input":   # Hugging Face's: (1 - m) * finfo.min, m the kept positions, left padding per sequence
         gone = masked(spec, spec.q_len, spec.kv_len, "cpu")
         keep = torch.ones(spec.batch, 1, spec.q_len, spec.kv_len, dtype=torch.bool)
-        if gone is not None:
-            keep &= ~gone
+        if gone is not None:    # a captured buffer's slice lives where the buffer does (the GPU in a GPU campaign)
+            keep &= ~gone.cpu()
         for b, pad in enumerate(torch.randint(0, spec.pad + 1, (spec.batch,), generator=g).tolist()):
             keep[b, ..., :pad] = False
         out.append(((1.0 - keep.to(spec.dtype)) * torch.finfo(spec.dtype).min).to(DEVICE))
