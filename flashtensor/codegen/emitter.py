@@ -22,7 +22,7 @@ from .body import Body
 from .lower import BINARY, HALF, NAN_REDUCE, TL, UNARY, contig, lit, round_to
 from .tiles import Tiles
 
-CHUNK = 32       # the piece of a chunked contraction's axis (Emitter.chunked_dot)
+CHUNK = 32       # the piece of a chunked contraction's axis (Emitter.looped_sum)
 
 
 class Emitter(Tiles):
@@ -30,9 +30,9 @@ class Emitter(Tiles):
 
     def value(self, n: LNode, ctx: Optional[Body]) -> tuple[str, list[Var]]:
         """Triton expression (a variable name) for node n, emitting its code where it belongs."""
-        if self.chunk is not None:      # a chunked contraction's operand: over the chunk in its loop, else outside
-            k, inner, ctx = self.chunk
-            if k in self.tvars(n):
+        if self.chunk is not None:      # a looped contraction's operand: over its variable in its loop, else outside
+            k, inner, ctx, _ = self.chunk
+            if k in self.s.tile_vars(n):
                 if id(n) not in inner.cache:
                     inner.cache[id(n)] = self.compute(n, inner, inner.lines)
                 return inner.cache[id(n)]
@@ -164,10 +164,13 @@ class Emitter(Tiles):
         """A reduction over a variable held whole in the tile (no loop)."""
         v, kind = n.attrs["var"], n.attrs["kind"]
         tv = self.tvars(n)
+        if n in self.s.steps and n not in self.s.dots:
+            return self.looped_sum(n, ctx, lines, out, self.s.steps[n], True), tv
         if n in self.s.dots:
             a, b, k = self.s.dots[n]
-            if self.chunks(n):
-                return self.chunked_dot(n, ctx, lines, out), tv
+            if n in self.s.steps or self.chunks(n):
+                stepped = n in self.s.steps
+                return self.looped_sum(n, ctx, lines, out, self.s.steps[n] if stepped else k, stepped), tv
             opa, opb = self.operand(a, n, True, ctx, lines), self.operand(b, n, False, ctx, lines)
             lines.append(f"{out} = tl.dot({opa}, {opb}{self.dot_prec(a + b)})")
             return out, tv
@@ -186,7 +189,7 @@ class Emitter(Tiles):
         return out, tv
 
     def chunks(self, n: LNode) -> bool:
-        """Whether contraction n runs as a loop over chunks of its axis (`chunked_dot`): a float32 one over an axis
+        """Whether contraction n runs as a loop over chunks of its axis (`looped_sum`): a float32 one over an axis
         held whole and longer than a chunk, whose operands along that axis are elementwise in loads and indices
         (no reduction, no value the finite check watches). Its operand tiles, whole, took every register: EA's
         projections of a 64 x 128 float32 tile by 128 x 32 weights, as 3xTF32, spilled 3 KB per thread."""
@@ -203,21 +206,27 @@ class Emitter(Tiles):
             return x.op not in ("reduce", "at") and x not in self.s.accums and all(map(elementwise, x.args))
         return all(elementwise(f) for f, _ in a + b)
 
-    def chunked_dot(self, n: LNode, ctx: Optional[Body], lines: list[str], out: str) -> str:
-        """Contraction n as tl.dot over CHUNK-wide pieces of its axis k, accumulated: each piece's operands are
-        computed inside the loop (their values off k before it), so no whole operand tile stays live."""
-        a, b, k = self.s.dots[n]
+    def looped_sum(self, n: LNode, ctx: Optional[Body], lines: list[str], out: str, k: Var, stepped: bool) -> str:
+        """Sum n accumulated over a loop: a contraction over CHUNK-wide pieces of its axis k, or (`stepped`) over the
+        values of k, a second variable it sums over (Schedule.steps), each value's sum a dot or a tile sum. Each
+        piece's values are computed inside the loop (those off k before it), so no whole tile over k stays live."""
         inner = Body(ctx.pass_ if ctx else 0, ctx.region if ctx else frozenset(), ctx.bounds if ctx else False, {})
         full, raw = self.blk[k], dict(self.raw)
-        self.blk[k], self.chunk = CHUNK, (k, inner, ctx)
+        self.blk[k], self.chunk = (full if stepped else CHUNK), (k, inner, ctx, stepped)
         try:
-            opa, opb = self.operand(a, n, True, inner, inner.lines), self.operand(b, n, False, inner, inner.lines)
+            if n in self.s.dots:
+                a, b, _ = self.s.dots[n]
+                opa, opb = self.operand(a, n, True, inner, inner.lines), self.operand(b, n, False, inner, inner.lines)
+                step = f"tl.dot({opa}, {opb}, {out}{self.dot_prec(a + b)})"
+            else:
+                step = f"{out} + {self.tile_reduce(n.args[0], inner, inner.lines, self.fresh('x'))[0]}"
         finally:
             self.blk[k], self.chunk, self.raw = full, None, raw
         shape = ", ".join(str(self.blk[v]) for v in self.tvars(n))
-        lines += [f"{out} = tl.zeros([{shape}], tl.float32)", f"for c_{k} in tl.range(0, {k.extent}, {CHUNK}):",
-                  f"    o_{k}c = c_{k} + tl.arange(0, {CHUNK})"] + ["    " + ln for ln in inner.lines] + \
-                 [f"    {out} = tl.dot({opa}, {opb}, {out}{self.dot_prec(a + b)})"]
+        head = [f"for i_{k} in tl.range(0, {k.extent}):"] if stepped else \
+            [f"for c_{k} in tl.range(0, {k.extent}, {CHUNK}):", f"    o_{k}c = c_{k} + tl.arange(0, {CHUNK})"]
+        lines += [f"{out} = tl.zeros([{shape}], tl.float32)"] + head + ["    " + ln for ln in inner.lines] + \
+            [f"    {out} = {step}"]
         return out
 
     def dot_prec(self, factors: Sequence[Factor]) -> str:

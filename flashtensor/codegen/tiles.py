@@ -57,9 +57,10 @@ class Tiles(abc.ABC):
         self.carriers: dict[str, list[Var]] = {}   # sum accumulators that took in a check (see loop.py)
         self.splits: Size = 1       # programs per row tile, each over a piece of the loop (split.py)
         self.limits: list[str] = []     # the tile offsets' reach in a shape-generic kernel (see `offset`)
-        # while a contraction's operands are emitted a chunk of its axis at a time (emitter.chunked_dot): that
-        # axis, the body of the chunk loop, and the body the contraction itself is in
-        self.chunk: Optional[tuple[Var, Body, Optional[Body]]] = None
+        # while a contraction's operands are emitted a piece of a variable at a time (emitter.looped_sum): that
+        # variable, the body of its loop, the body the contraction itself is in, and whether the pieces are single
+        # values (a scalar index) rather than chunks of its axis
+        self.chunk: Optional[tuple[Var, Body, Optional[Body], bool]] = None
 
     @property
     def split(self) -> bool:
@@ -76,18 +77,23 @@ class Tiles(abc.ABC):
 
     def chunked(self, v: Var) -> bool:
         """Whether v is the axis a contraction's operands are now emitted a chunk at a time over."""
-        return self.chunk is not None and v is self.chunk[0]
+        return self.chunk is not None and v is self.chunk[0] and not self.chunk[3]
+
+    def stepping(self, v: Var) -> bool:
+        """Whether v is the variable a contraction's operands are now emitted one value at a time over."""
+        return self.chunk is not None and v is self.chunk[0] and self.chunk[3]
 
     def fresh(self, base: str) -> str:
         self.tmp += 1
         return f"{base}_{self.tmp}"
 
     def tvars(self, n: LNode) -> list[Var]:
-        return self.s.tile_vars(n)
+        return [v for v in self.s.tile_vars(n) if not self.stepping(v)]
 
     def scalar(self, v: Var) -> bool:
-        """Whether v's index is one number per program (a batch entry, a stepped loop's position)."""
-        return v in self.s.batch or (self.s.stepped and v is self.s.loop)
+        """Whether v's index is one number per program (a batch entry, a stepped loop's position) or per step of a
+        contraction's loop over its values."""
+        return v in self.s.batch or (self.s.stepped and v is self.s.loop) or self.stepping(v)
 
     def idx(self, v: Var, tv: list[Var]) -> str:
         if self.scalar(v):

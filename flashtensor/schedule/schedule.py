@@ -17,6 +17,7 @@ variable is then an index, like a batch variable's, and each step works on tiles
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
@@ -68,6 +69,9 @@ class Schedule:
     facts: Facts
     roles: Roles
     dots: dict[LNode, tuple]      # sum reductions emitted as tl.dot: node -> (A factors, B factors, K)
+    # sums over a short variable held whole of a sum over another (a head dimension that a de-interleaving view
+    # split in two): node -> that variable, summed one value at a time, each a dot or a tile sum (`_stepped_sum`)
+    steps: dict[LNode, Var] = field(default_factory=dict)
     special: list[Affine] = field(default_factory=list)   # at most one half-plane with a constant-folded body
     stepped: bool = False         # the loop takes one value of its variable per step: no tile axis
     moderate: frozenset[int] = frozenset()    # inputs checked to be moderate: skips by huge constants rely on it
@@ -233,25 +237,32 @@ def _finish(plan, nodes, compute, boundary, batch, row, loop, whole, role, stepp
                      stepped=stepped)
     # contractions -> tl.dot, and the tile-rank limit everywhere else
     dot_args: set[int] = set()
+    used = Counter(id(a) for x in compute for a in x.inputs) + Counter(id(r) for r in plan.roots)
     for n in compute:
-        if n.op == "reduce" and n.attrs["kind"] == "sum":
-            tv = sched.tile_vars(n.args[0])
-            if len(tv) == 3 and n.attrs["var"] in tv:
-                split = _dot_split(factorize(n.args[0], atoms=boundary), tv, n.attrs["var"])
+        if (k1 := _stepped_sum(sched, n, boundary, used)) is not None:
+            sched.steps[n] = k1
+    inners = {id(n.args[0]) for n in sched.steps}
+    for n in compute:
+        if n.op == "reduce" and n.attrs["kind"] == "sum" and id(n) not in inners:
+            inner = n.args[0] if n in sched.steps else n
+            tv = [v for v in sched.tile_vars(inner.args[0]) if v is not sched.steps.get(n)]
+            if len(tv) == 3 and inner.attrs["var"] in tv:
+                split = _dot_split(factorize(inner.args[0], atoms=boundary), tv, inner.attrs["var"])
                 if split is None:
                     raise ScheduleError(f"{n.name}: a sum over a three-variable product that is not a contraction",
                                         "a sum over a product of three loop variables that is not a contraction",
                                         n.origin)
                 sched.dots[n] = split
-                dot_args.add(id(n.args[0]))
-                for f in _chain(n.args[0], boundary):
-                    dot_args.add(id(f))
+                dot_args |= {id(inner), id(inner.args[0])} | {id(f) for f in _chain(inner.args[0], boundary)}
+            elif n in sched.steps:
+                dot_args.add(id(inner))     # summed in the step's tile, never a tile of its own
             elif _per_element(n, boundary, set(batch)):
                 raise ScheduleError(f"{n.name}: a contraction with both free variables in the grid {batch}",
                                     "a matmul that would run one program per element of its result, without "
                                     "tl.dot", n.origin)
+    stepped = {id(x): k for r, k in sched.steps.items() for x in _summand_nodes(r.args[0].args[0], boundary)}
     for n in nodes:       # an earlier kernel's value read back counts too: its load is a tile like any other
-        if id(n) not in dot_args and len(sched.tile_vars(n)) > 2:
+        if id(n) not in dot_args and len([v for v in sched.tile_vars(n) if v is not stepped.get(id(n))]) > 2:
             raise ScheduleError(f"{n.name} would need a tile over {sched.tile_vars(n)}",
                                 "a value outside a matmul would need a tile over three loop variables", n.origin)
     if loop is not None:
@@ -278,6 +289,36 @@ def _per_element(n: LNode, atoms: frozenset, batch: set[Var]) -> bool:
     k = n.attrs["var"]
     fs = [set(f.vars) for f, p in factorize(n.args[0], atoms=atoms) if isinstance(f, LNode) and p > 0 and k in f.vars]
     return any((a - b) & batch and (b - a) & batch for a in fs for b in fs)
+
+
+def _stepped_sum(sched: Schedule, n: LNode, atoms: frozenset, used: Counter) -> Optional[Var]:
+    """k1 where n sums over k1, a short variable held whole, a sum over k2 (also whole, read by n alone) whose
+    summand's tile would be wider than a tile or a dot allows with k1 in it: n is then summed one value of k1 at a
+    time, each step a dot or a tile sum over k2. A head dimension split in two by a de-interleaving view (DeepSeek's
+    RoPE part, GPT-J's every-other rotation) makes its scores such a double sum."""
+    if not (n.op == "reduce" and n.attrs["kind"] == "sum"):
+        return None
+    k1, inner = n.attrs["var"], n.args[0]
+    if not (isinstance(inner, LNode) and inner.op == "reduce" and inner.attrs["kind"] == "sum" and inner not in atoms
+            and used[id(inner)] == 1 and k1 in sched.whole and inner.attrs["var"] in sched.whole
+            and not longer(k1.extent, 16)):
+        return None
+    tv = sched.tile_vars(inner.args[0])
+    if len(tv) < 3 or (len(tv) == 3 and _dot_split(factorize(inner.args[0], atoms=atoms), tv, inner.attrs["var"])):
+        return None     # a tile or a dot as it stands
+    return k1 if len(tv) <= 4 else None
+
+
+def _summand_nodes(x: object, atoms: frozenset) -> set[LNode]:
+    """The nodes a summand is computed from, in this kernel (an earlier kernel's values as loaded)."""
+    out: set[LNode] = set()
+    stack = [x] if isinstance(x, LNode) else []
+    while stack:
+        y = stack.pop()
+        if y not in out:
+            out.add(y)
+            stack += [] if y in atoms else y.inputs
+    return out
 
 
 def _chain(x, atoms: frozenset) -> list[LNode]:
