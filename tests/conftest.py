@@ -68,6 +68,17 @@ def compiled_matches_eager(fn, args):
     return out, compiled
 
 
+def assert_held_fuses(name: str, dtype: str, dims: dict) -> None:
+    """Held program `name` (flashtensor/bench/programs.py) at `dims` on the CPU, by the runner's own check: eager's
+    answer under the contract, and fused."""
+    from flashtensor.bench import held
+
+    rec, _ = held.run_program(name, dtype, dims, "cpu")
+    said = [rec["error"] or ""] + [o["problem"] for o in rec["outputs"]]
+    assert rec["ok"], "; ".join(s for s in said if s)
+    assert rec["status"] == "fused", rec["notes"]
+
+
 def each_partition(run) -> int:
     """Calls run(k) once per candidate partition; run compiles with the option candidate=k, so the search is
     offered only the k-th, and returns the plan (runtime.plan.Plan). On a GPU the search emits and times every

@@ -8,8 +8,9 @@ import pytest
 import torch
 from test_fuzz import run_spec
 
+from conftest import assert_held_fuses
 from flashtensor import driver
-from flashtensor.bench import held, programs
+from flashtensor.bench import programs
 from flashtensor.options import Options
 from fuzz_programs import Spec
 
@@ -30,10 +31,7 @@ def test_mla_scores_schedule_as_dots_summed_over_the_split():
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 def test_mla_fuses_into_one_kernel_at_a_length_no_tile_holds(dtype):
     """DeepSeek-V3's eager attention at 300 positions: one kernel, eager's answer under the contract."""
-    rec, _ = held.run_program("deepseek_mla", dtype, dict(B=1, H=2, S=300, D=16, KV=1), "cpu")
-    said = [rec["error"] or ""] + [o["problem"] for o in rec["outputs"]]
-    assert rec["ok"], "; ".join(s for s in said if s)
-    assert rec["status"] == "fused", rec["notes"]
+    assert_held_fuses("deepseek_mla", dtype, dict(B=1, H=2, S=300, D=16, KV=1))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

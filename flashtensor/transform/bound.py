@@ -8,12 +8,20 @@ Renamed onto n, the argument reads the values the program already computes (the 
 sum is over the program's own token variable, which partition and schedule treat like any reduction over
 it: a statistic that the kernel looping over the tokens carries beside the others. A rename is kept only
 where the renamed argument is a value, or reads a value, that the program computes anyway (not only a load).
+
+A copy may also be a few positions shorter than the variable a reduction binds (a softmax over the keys and a
+sink's column joined by cat, its probabilities then summed over the keys alone): the reduction is peeled, over
+the copy, combined with its argument at the remaining positions (`peel_reductions`).
 """
 from __future__ import annotations
 
 from typing import Optional
 
 from ..ir.loops import Affine, LNode, LoopGraph, NodeTable, Var, loop_topo, node_vars, rebuilt, substituted
+
+# a reduction peeled (`peel_reductions`): how its prefix and each peeled position combine, and how many positions
+COMBINE = {"sum": "add", "max": "maximum", "min": "minimum", "any": "logical_or"}
+PEEL = 4
 
 
 def share_reductions(g: LoopGraph, through_half: bool) -> LoopGraph:
@@ -37,6 +45,46 @@ def share_reductions(g: LoopGraph, through_half: bool) -> LoopGraph:
     if all(new[id(n)] is n for n in g.nodes):
         return g
     return rebuilt(g, new, "b")
+
+
+def peel_reductions(g: LoopGraph, through_half: bool) -> LoopGraph:
+    """The same program with each reduction over a variable a few positions longer than a copy of it split: the
+    reduction over the copy, combined with its argument at each further position. GPT-OSS's softmax runs over the
+    keys and one more column, a sink's logit joined by cat, and its probabilities then meet the values over the
+    keys alone: two key variables, 4097 and 4096 long, neither of which a tile holds whole. Peeled, every
+    reduction runs over the keys, and the sink's logit is one value per row."""
+    table = NodeTable()
+    for n in g.nodes:
+        table.add(n)
+    loads = [n for n in g.nodes if n.op == "load"]
+    new: dict[int, LNode] = {}
+    for n in g.nodes:
+        args = tuple(new[id(a)] if isinstance(a, LNode) else a for a in n.args)
+        m = n if all(x is y for x, y in zip(args, n.args)) else _node(table, n.op, args, n.dtype, n.attrs)
+        if m.op == "reduce" and m.attrs["kind"] in COMBINE:
+            m = _peeled(m, table, loads) or m
+        new[id(n)] = m
+    if all(new[id(n)] is n for n in g.nodes):
+        return g
+    return rebuilt(g, new, "p")
+
+
+def _peeled(r: LNode, table: NodeTable, loads: list[LNode]) -> Optional[LNode]:
+    """r as a reduction over a shorter copy u of its variable v, combined with its argument at v = u's extent and
+    on; None where v has no such copy."""
+    v, arg, kind = r.attrs["var"], r.args[0], r.attrs["kind"]
+    for u in _copies(v, loop_topo([arg]), loads):
+        if u in arg.vars or not (isinstance(u.extent, int) and isinstance(v.extent, int)
+                                 and 0 < v.extent - u.extent <= PEEL):
+            continue
+        out = _node(table, "reduce", (substituted(arg, {v: Affine.of(u)}, table, {}),), r.dtype, {**r.attrs, "var": u})
+        for i in range(u.extent, v.extent):
+            at = substituted(arg, {v: Affine((), i)}, table, {})
+            if at.dtype != r.dtype:
+                at = _node(table, "cast", (at,), r.dtype, {})
+            out = _node(table, COMBINE[kind], (out, at), r.dtype, {})
+        return out
+    return None
 
 
 def _node(table: NodeTable, op: str, args: tuple, dtype, attrs: dict) -> LNode:

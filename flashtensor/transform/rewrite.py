@@ -11,12 +11,14 @@ from __future__ import annotations
 from typing import Callable
 
 from ..ir.loops import LoopGraph
-from .bound import share_reductions
+from .bound import peel_reductions, share_reductions
 from .exp2 import fold_exp2
 from .sums import commute_sums, merge_contractions
 
 Rewrite = Callable[[LoopGraph, bool], LoopGraph]
 REWRITES: list[tuple[str, Rewrite]] = [
+    ("a reduction over a variable a few positions longer than a copy: the copy's range, the rest peeled",
+     peel_reductions),
     ("a reduction over a copy of a variable: renamed onto the variable where that shares work", share_reductions),
     ("nested sums: the long variable inside", commute_sums),
     ("a contraction over three or more variables: over one merged variable where they merge", merge_contractions),
