@@ -5,7 +5,8 @@ apart, and neither fits a tile whole at a real length, so the program ran eagerl
 import pytest
 import torch
 
-from conftest import assert_held_fuses
+import flashtensor as ft
+from conftest import assert_close, assert_held_fuses
 from flashtensor.bench import programs
 from flashtensor.frontend.capture import capture
 from flashtensor.ir.loops import evaluate_loops
@@ -36,3 +37,17 @@ def test_peeled_loop_form_reduces_over_the_keys_and_computes_the_same_values():
 def test_sink_column_attention_fuses_at_a_length_no_tile_holds(dtype):
     """transformers' GptOss eager attention at 300 positions: fused, eager's answer under the contract."""
     assert_held_fuses("gpt_oss_sinks", dtype, dict(B=1, H=2, S=300, D=16, KV=1))
+
+
+def test_one_shape_generic_plan_serves_other_lengths():
+    """Between symbolic lengths the peeled gap is still a number (S + 1 less S): after a second length the plan is
+    shape-generic, fused, and serves a third without a search."""
+    compiled = None
+    for S in (300, 333, 280):
+        fn, args = programs.make("gpt_oss_sinks", device="cpu", dtype=torch.float32,
+                                 **{**programs.SMALL, "S": S, "seed": S})
+        compiled = compiled or ft.compile(fn, cache=False)
+        assert_close(compiled(*args), fn(*args))
+    info = compiled.cache_info()
+    assert (info["searches"], info["generic"], info["hits"]) == (2, 1, 1), info
+    assert all(p.launches and not p.notes for p in compiled.programs.values())

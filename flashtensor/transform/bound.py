@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..ir.loops import Affine, LNode, LoopGraph, NodeTable, Var, loop_topo, node_vars, rebuilt, substituted
+from ..ir.sizes import hint, symbolic
 
 # a reduction peeled (`peel_reductions`): how its prefix and each peeled position combine, and how many positions
 COMBINE = {"sum": "add", "max": "maximum", "min": "minimum", "any": "logical_or"}
@@ -74,12 +75,12 @@ def _peeled(r: LNode, table: NodeTable, loads: list[LNode]) -> Optional[LNode]:
     on; None where v has no such copy."""
     v, arg, kind = r.attrs["var"], r.args[0], r.attrs["kind"]
     for u in _copies(v, loop_topo([arg]), loads):
-        if u in arg.vars or not (isinstance(u.extent, int) and isinstance(v.extent, int)
-                                 and 0 < v.extent - u.extent <= PEEL):
+        gap = v.extent - u.extent       # a number also where both are symbolic (S + 1 and S)
+        if u in arg.vars or symbolic(gap) or not 0 < hint(gap) <= PEEL:
             continue
         out = _node(table, "reduce", (substituted(arg, {v: Affine.of(u)}, table, {}),), r.dtype, {**r.attrs, "var": u})
-        for i in range(u.extent, v.extent):
-            at = substituted(arg, {v: Affine((), i)}, table, {})
+        for i in range(int(hint(gap))):
+            at = substituted(arg, {v: Affine((), u.extent + i)}, table, {})
             if at.dtype != r.dtype:
                 at = _node(table, "cast", (at,), r.dtype, {})
             out = _node(table, COMBINE[kind], (out, at), r.dtype, {})
