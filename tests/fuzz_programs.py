@@ -4,8 +4,8 @@ for, its inputs and how it is called.
 The programs use the idioms real attention code uses: masks from index comparisons, from
 `torch.ones(..., dtype=torch.bool).triu`, or sliced from a bool buffer built once outside (GPT-2's `bias`), filled with -inf, torch.finfo(dtype).min or -1e9, or Hugging Face's
 additive (B, 1, Sq, Skv) mask built outside and passed in, with left padding, the masked scores clamped at
-finfo.min by torch.max; RoPE by slicing and torch.cat, or
-GPT-J's step-2 slices stacked back; pointwise weights (sigmoid, SiLU, GELU, softplus, relu6); logsumexp and std;
+finfo.min by torch.max; RoPE by slicing and torch.cat, GPT-J's step-2 slices stacked back, or DeepSeek-V3's
+channels de-interleaved by a view first; GPT-OSS's sink logit joined by cat; pointwise weights (sigmoid, SiLU, GELU, softplus, relu6); logsumexp and std;
 lengths, positions and thresholds read off the tensors (`q.shape[-2]`, `k.size(-2)`), as real code reads them;
 multi-output ops (max with its indices, var_mean); q, k, v as arguments, a list or a dict; the scale as a closure
 variable, a keyword, a default or a module global that changes between calls; inputs that require grad.
@@ -81,6 +81,7 @@ class Spec:
     pad: int = 0                      # apply "input": each sequence's keys left-padded by up to this many
     rope: bool = False                # q and k rotated by rotate_half (slices and torch.cat), cos/sin as inputs
     rope_style: str = "half"          # half (rotate_half) | every_two (GPT-J's step-2 slices, stacked, flattened)
+    #                                   | interleaved (DeepSeek-V3's: channels de-interleaved, then rotate_half)
     rope_by: str = "slice"            # the tables' rows: slice (the last lengths') | index (by an int64 input of
     #                                   position ids, as transformers did before 4.38: run before the kernels)
     scores_by: str = "matmul"         # q @ k^T | einsum | baddbmm (into zeros, alpha the scale: GPT-NeoX's)
@@ -94,6 +95,8 @@ class Spec:
     grad: bool = False                # q, k, v require grad; the gradients of the outputs are checked too
     act: str = "sigmoid"              # kind sigmoid: the weights, a key of ACTS
     floor: bool = False               # the masked scores clamped at finfo.min by torch.max (the H2O repository's)
+    sink: bool = False                # softmax: a learned logit per head joined to the scores as one more column by
+    #                                   cat, dropped after the softmax (GPT-OSS's attention sinks)
 
 
 def expected_to_fuse(spec: Spec) -> bool:
@@ -110,7 +113,7 @@ def output_names(spec: Spec) -> tuple[str, ...]:
 def extra_names(spec: Spec) -> tuple[str, ...]:
     """The inputs after q, k and v, in the order the program takes them."""
     return ("u",) * spec.noise + ("mask",) * (spec.apply == "input") + ("cos", "sin") * spec.rope + \
-        ("position_ids",) * (spec.rope and spec.rope_by == "index") + ("gate",) * spec.gate
+        ("position_ids",) * (spec.rope and spec.rope_by == "index") + ("gate",) * spec.gate + ("sinks",) * spec.sink
 
 
 def _expand_heads(x: torch.Tensor, spec: Spec) -> torch.Tensor:
@@ -139,9 +142,13 @@ def _rotate_every_two(x: torch.Tensor) -> torch.Tensor:
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str) -> torch.Tensor:
-    """transformers' apply_rotary_pos_emb (GPT-J's with every_two); the queries sit at the last q_len of the
+    """transformers' apply_rotary_pos_emb (GPT-J's with every_two; DeepSeek-V3's with interleaved, which first
+    de-interleaves the channels by a view, a transpose and a reshape); the queries sit at the last q_len of the
     keys' positions."""
     n = x.shape[-2]
+    if style == "interleaved":
+        b, h, s, d = x.shape
+        x = x.view(b, h, s, d // 2, 2).transpose(4, 3).reshape(b, h, s, d)
     return x * cos[-n:] + (_rotate_every_two(x) if style == "every_two" else _rotate_half(x)) * sin[-n:]
 
 
@@ -217,7 +224,11 @@ def probabilities(spec: Spec, q: torch.Tensor, k: torch.Tensor, extra: dict, sca
         s = s.to(_wide(s.dtype)) - torch.log(extra["u"])
     if spec.kind == "sigmoid":
         return ACTS[spec.act](s, sk)
-    return torch.softmax(s.to(_wide(s.dtype)) if spec.float_probs else s, dim=-1)
+    s = s.to(_wide(s.dtype)) if spec.float_probs else s
+    if "sinks" in extra:    # GPT-OSS's: the sink's column joined, the softmax taken, the column dropped
+        col = extra["sinks"].reshape(1, -1, 1, 1).expand(s.shape[0], -1, s.shape[-2], 1)
+        return torch.softmax(torch.cat([s, col.to(s.dtype)], dim=-1), dim=-1)[..., :-1]
+    return torch.softmax(s, dim=-1)
 
 
 def _stat(name: str, p: torch.Tensor, spec: Spec) -> tuple[torch.Tensor, ...]:
@@ -355,6 +366,8 @@ def inputs(spec: Spec) -> tuple[torch.Tensor, ...]:
             out.append(torch.arange(len(pos), device=DEVICE))
     if spec.gate:
         out.append((2 + torch.randn(spec.batch, spec.heads, spec.kv_len, generator=g)).to(DEVICE))
+    if spec.sink:
+        out.append((2 * torch.randn(spec.heads, generator=g)).to(DEVICE, spec.dtype))
     return tuple(out)
 
 
@@ -417,9 +430,10 @@ def specs(draw) -> Spec:
         pad=draw(st.integers(0, kv_len - 1)) if apply == "input" else 0,
         rope=(rope := draw(st.sampled_from([False] * 5 + [True]))),
         rope_by=draw(st.sampled_from(["slice", "index"])) if rope else "slice",
-        rope_style=draw(st.sampled_from(["half", "every_two"])) if rope else "half",
+        rope_style=draw(st.sampled_from(["half", "every_two", "interleaved"])) if rope else "half",
         act=draw(st.sampled_from(["sigmoid", "sigmoid", *ACTS])) if kind == "sigmoid" else "sigmoid",
         floor=draw(st.sampled_from([False, False, True])),
+        sink=kind == "softmax" and draw(st.sampled_from([False] * 5 + [True])),
         gate=draw(st.sampled_from([False] * 5 + [True])) and q_len <= kv_len,     # queries at the last q_len keys
         eps=draw(st.sampled_from([1e-6, 1e-9])), scores_by=draw(st.sampled_from(["matmul", "matmul", "einsum", "baddbmm"])),
         **common)
