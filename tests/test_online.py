@@ -36,3 +36,21 @@ def test_each_rule_carries_its_factor_or_costs_a_pass(rules, passes, rescaled, p
     assert f"in {passes} pass(es)" in loop, loop
     assert ("rescaled by running max" in loop) is rescaled, loop
     assert ("moved out of the sum" in loop) is pulled, loop
+
+
+def stabilised_twice(q, k, v):
+    """Scores less their row max, then a softmax, which subtracts its own (GPT-OSS's eager attention does this)."""
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    s = s - s.max(dim=-1, keepdim=True).values
+    return torch.softmax(s, dim=-1) @ v
+
+
+def test_an_exponential_of_a_value_that_reads_an_earlier_max_is_carried_online():
+    """exp(s - m1 - m2), m2 the softmax's max of s - m1: m1 finishes in the first pass, and in the second the
+    normaliser and the output are rescaled by m2's running max beside it. Two passes; three when the rule
+    required y to read no reduction at all. Eager's answer at a length no tile holds whole."""
+    g = torch.Generator().manual_seed(int(torch.randint(1 << 30, ())))
+    q, k, v = (torch.randn(1, 2, 300, 16, generator=g) for _ in range(3))
+    out, compiled = compiled_matches_eager(stabilised_twice, (q, k, v))
+    loop = ft.explain(compiled, q, k, v).properties[0].loop
+    assert "in 2 pass(es)" in loop and "rescaled by running max" in loop, loop

@@ -23,6 +23,7 @@ class Carry:
     max, the exponential's base, "exp" or "exp2", and the positive constant k of exp((y - d) * k))."""
     pulled: bool = False
     rescale: Optional[tuple[LNode, str, float]] = None
+    waits: frozenset[LNode] = frozenset()     # reductions the factor reads that must finish in an earlier pass
 
 
 @dataclass
@@ -45,9 +46,10 @@ def loop_invariant(f: object, power: int, site: Site) -> Optional[Carry]:
 
 
 def running_max(f: object, power: int, site: Site) -> Optional[Carry]:
-    """exp((y - d) * k) for a max d over the loop, y that reads none of the loop's reductions and a constant
-    k > 0 (1, or log2 e where folding it into y would overflow): when the running max moves from d_old to
-    d_new, everything accumulated so far is multiplied by exp((d_old - d_new) * k)."""
+    """exp((y - d) * k) for a max d over the loop, a constant k > 0 (1, or log2 e where folding it into y would
+    overflow) and y that reads d in no way: when the running max moves from d_old to d_new, everything accumulated
+    so far is multiplied by exp((d_old - d_new) * k). Reductions y reads (a first max subtracted before the
+    softmax takes its own: GPT-OSS's) wait for an earlier pass, where they are constants."""
     if not (isinstance(f, LNode) and f.op in ("exp", "exp2") and power == 1 and isinstance(f.args[0], LNode)):
         return None
     x, k = f.args[0], 1.0
@@ -56,8 +58,8 @@ def running_max(f: object, power: int, site: Site) -> Optional[Carry]:
     if x.op != "sub":
         return None
     y, d = x.args
-    if d in site.reductions and d.attrs["kind"] == "max" and not site.touched(y):
-        return Carry(rescale=(d, f.op, k))
+    if d in site.reductions and d.attrs["kind"] == "max" and d not in site.touched(y):
+        return Carry(rescale=(d, f.op, k), waits=frozenset(site.touched(y)))
     return None
 
 

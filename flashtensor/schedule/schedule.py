@@ -357,6 +357,7 @@ def _carry(sched: Schedule, compute: list[LNode], boundary: frozenset[LNode], lo
                 acc.pulled.append((f, p))
             else:
                 acc.kept.append((f, p))
+                later[r] |= carry.waits
                 if carry.rescale:
                     acc.rescale.append(carry.rescale)
         if r in sched.dots:

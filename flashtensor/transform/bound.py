@@ -78,12 +78,16 @@ def _peeled(r: LNode, table: NodeTable, loads: list[LNode]) -> Optional[LNode]:
         gap = v.extent - u.extent       # a number also where both are symbolic (S + 1 and S)
         if u in arg.vars or symbolic(gap) or not 0 < hint(gap) <= PEEL:
             continue
-        out = _node(table, "reduce", (substituted(arg, {v: Affine.of(u)}, table, {}),), r.dtype, {**r.attrs, "var": u})
-        for i in range(int(hint(gap))):
-            at = substituted(arg, {v: Affine((), u.extent + i)}, table, {})
-            if at.dtype != r.dtype:
-                at = _node(table, "cast", (at,), r.dtype, {})
-            out = _node(table, COMBINE[kind], (out, at), r.dtype, {})
+        body = substituted(arg, {v: Affine.of(u)}, table, {})
+        tails = [substituted(arg, {v: Affine((), u.extent + i)}, table, {}) for i in range(int(hint(gap)))]
+        if kind != "sum":       # idempotent: the peeled values go inside, max_u max(x_u, c), a plain running max
+            for at in tails:
+                body = _node(table, COMBINE[kind], (body, at), body.dtype, {})
+            return _node(table, "reduce", (body,), r.dtype, {**r.attrs, "var": u})
+        out = _node(table, "reduce", (body,), r.dtype, {**r.attrs, "var": u})
+        for at in tails:
+            at = at if at.dtype == r.dtype else _node(table, "cast", (at,), r.dtype, {})
+            out = _node(table, "add", (out, at), r.dtype, {})
         return out
     return None
 
