@@ -164,13 +164,12 @@ class Emitter(Tiles):
         """A reduction over a variable held whole in the tile (no loop)."""
         v, kind = n.attrs["var"], n.attrs["kind"]
         tv = self.tvars(n)
-        if n in self.s.steps and n not in self.s.dots:
+        if n in self.s.steps:
             return self.looped_sum(n, ctx, lines, out, self.s.steps[n], True), tv
         if n in self.s.dots:
             a, b, k = self.s.dots[n]
-            if n in self.s.steps or self.chunks(n):
-                stepped = n in self.s.steps
-                return self.looped_sum(n, ctx, lines, out, self.s.steps[n] if stepped else k, stepped), tv
+            if self.chunks(n):
+                return self.looped_sum(n, ctx, lines, out, k, False), tv
             opa, opb = self.operand(a, n, True, ctx, lines), self.operand(b, n, False, ctx, lines)
             lines.append(f"{out} = tl.dot({opa}, {opb}{self.dot_prec(a + b)})")
             return out, tv

@@ -260,7 +260,7 @@ def _finish(plan, nodes, compute, boundary, batch, row, loop, whole, role, stepp
                 raise ScheduleError(f"{n.name}: a contraction with both free variables in the grid {batch}",
                                     "a matmul that would run one program per element of its result, without "
                                     "tl.dot", n.origin)
-    stepped = {id(x): k for r, k in sched.steps.items() for x in _summand_nodes(r.args[0].args[0], boundary)}
+    stepped = {id(x): k for r, k in sched.steps.items() for x in kernel_nodes([r.args[0].args[0]], boundary)}
     for n in nodes:       # an earlier kernel's value read back counts too: its load is a tile like any other
         if id(n) not in dot_args and len([v for v in sched.tile_vars(n) if v is not stepped.get(id(n))]) > 2:
             raise ScheduleError(f"{n.name} would need a tile over {sched.tile_vars(n)}",
@@ -307,18 +307,6 @@ def _stepped_sum(sched: Schedule, n: LNode, atoms: frozenset, used: Counter) -> 
     if len(tv) < 3 or (len(tv) == 3 and _dot_split(factorize(inner.args[0], atoms=atoms), tv, inner.attrs["var"])):
         return None     # a tile or a dot as it stands
     return k1 if len(tv) <= 4 else None
-
-
-def _summand_nodes(x: object, atoms: frozenset) -> set[LNode]:
-    """The nodes a summand is computed from, in this kernel (an earlier kernel's values as loaded)."""
-    out: set[LNode] = set()
-    stack = [x] if isinstance(x, LNode) else []
-    while stack:
-        y = stack.pop()
-        if y not in out:
-            out.add(y)
-            stack += [] if y in atoms else y.inputs
-    return out
 
 
 def _chain(x, atoms: frozenset) -> list[LNode]:

@@ -15,7 +15,7 @@ the copy, combined with its argument at the remaining positions (`peel_reduction
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 from ..ir.loops import Affine, LNode, LoopGraph, NodeTable, Var, loop_topo, node_vars, rebuilt, substituted
 from ..ir.sizes import hint, symbolic
@@ -27,25 +27,19 @@ PEEL = 4
 
 def share_reductions(g: LoopGraph, through_half: bool) -> LoopGraph:
     """The same program with each reduction over a copy of a variable renamed where that shares nodes."""
-    table = NodeTable()
     users: dict[Var, set[int]] = {}
     for n in g.nodes:
-        table.add(n)
         for v in n.vars + ((n.attrs["var"],) if n.op == "reduce" else ()):
             users.setdefault(v, set()).add(id(n))
     loads = [n for n in g.nodes if n.op == "load"]
-    new: dict[int, LNode] = {}
-    for n in g.nodes:
-        args = tuple(new[id(a)] if isinstance(a, LNode) else a for a in n.args)
-        m = n if all(x is y for x, y in zip(args, n.args)) else _node(table, n.op, args, n.dtype, n.attrs)
+
+    def rename(n: LNode, m: LNode, table: NodeTable) -> Optional[LNode]:
         own = {id(x) for x in loop_topo([n])}
-        if m.op == "reduce" and users[n.attrs["var"]] <= own:    # its variable is a copy no other value uses
-            outside = {id(x) for x in g.nodes if x.op != "load" and id(x) not in own}
-            m = _renamed(m, table, outside, loads) or m
-        new[id(n)] = m
-    if all(new[id(n)] is n for n in g.nodes):
-        return g
-    return rebuilt(g, new, "b")
+        if not users[n.attrs["var"]] <= own:     # its variable is no copy: other values use it
+            return None
+        outside = {id(x) for x in g.nodes if x.op != "load" and id(x) not in own}
+        return _renamed(m, table, outside, loads)
+    return _each_reduction(g, "b", rename)
 
 
 def peel_reductions(g: LoopGraph, through_half: bool) -> LoopGraph:
@@ -54,20 +48,27 @@ def peel_reductions(g: LoopGraph, through_half: bool) -> LoopGraph:
     keys and one more column, a sink's logit joined by cat, and its probabilities then meet the values over the
     keys alone: two key variables, 4097 and 4096 long, neither of which a tile holds whole. Peeled, every
     reduction runs over the keys, and the sink's logit is one value per row."""
+    loads = [n for n in g.nodes if n.op == "load"]
+    return _each_reduction(g, "p", lambda n, m, table: _peeled(m, table, loads) if m.attrs["kind"] in COMBINE
+                           else None)
+
+
+def _each_reduction(g: LoopGraph, tag: str, redo: Callable[[LNode, LNode, NodeTable], Optional[LNode]]) -> LoopGraph:
+    """g with each reduction, its operands rebuilt first, replaced by what `redo(original, rebuilt, table)` gives
+    where it gives a node (the table makes equal structures the program's own nodes); g itself where none is."""
     table = NodeTable()
     for n in g.nodes:
         table.add(n)
-    loads = [n for n in g.nodes if n.op == "load"]
     new: dict[int, LNode] = {}
     for n in g.nodes:
         args = tuple(new[id(a)] if isinstance(a, LNode) else a for a in n.args)
         m = n if all(x is y for x, y in zip(args, n.args)) else _node(table, n.op, args, n.dtype, n.attrs)
-        if m.op == "reduce" and m.attrs["kind"] in COMBINE:
-            m = _peeled(m, table, loads) or m
+        if m.op == "reduce":
+            m = redo(n, m, table) or m
         new[id(n)] = m
     if all(new[id(n)] is n for n in g.nodes):
         return g
-    return rebuilt(g, new, "p")
+    return rebuilt(g, new, tag)
 
 
 def _peeled(r: LNode, table: NodeTable, loads: list[LNode]) -> Optional[LNode]:
