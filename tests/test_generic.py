@@ -335,6 +335,32 @@ def test_a_generic_plan_tiles_queries_shorter_than_the_head_dimension():
     assert evaluate(kernel.grid[0], prog.sizes(long)) <= 2 * math.ceil(1000 / 16), kernel.grid
 
 
+
+def _decode_h2o(q, k, v):
+    """h2o on (B, S, H, D) inputs, as the decode benchmark writes it: scores by transposes, the causal mask offset
+    to the last q_len keys, attention and the column sums of P."""
+    qt, kt = q.transpose(1, 2), k.transpose(1, 2)
+    s = qt @ kt.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    sq, sk = s.shape[-2:]
+    p = F.softmax((s + torch.full((sq, sk), float("-inf")).triu(sk - sq + 1)).float(), dim=-1)
+    return (p @ v.transpose(1, 2)).transpose(1, 2), p.sum(dim=2)
+
+
+def test_a_one_query_generic_plan_tiles_the_head_dimension():
+    """Decode (one query) with the other sizes generic: the symbolic head count, taken as the longest free axis,
+    cannot be the tile row of a one-query kernel, and the schedule fell back to no row at all, one program per
+    head and output channel, each recomputing the head's scores (0.75 ms for 8K keys on an H100, against 0.03 ms
+    for the exact plan). The next longest axis, the head dimension, is now the row."""
+    from flashtensor.ir.sizes import evaluate
+    c = ft.compile(_decode_h2o, dynamic=True, cache=False)
+    for h, sk in [(2, 200), (3, 77)]:
+        _check(_decode_h2o, c, [x.transpose(1, 2) for x in _inputs(1, h, 1, sk, d=32, seed=sk)])
+    (prog,) = [p for ps in c.generic.values() for p in ps]
+    now = prog.sizes([x.transpose(1, 2) for x in _inputs(1, 3, 1, 77, d=32)])
+    row = prog.kernels[0]       # attention and the row statistics; the column sums' kernel follows
+    assert evaluate(row.grid[0], now) <= 3 * evaluate(row.splits, now), (row.grid, row.blocks)
+
+
 def _rotate_half(x):
     h = x.shape[-1] // 2
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)

@@ -17,7 +17,7 @@ it comes to 1 (prefill), the kernel runs its epilogue itself and the launch skip
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -36,6 +36,8 @@ MERGED = ("sum", "max", "min", "any")     # reductions whose pieces merge exactl
 MIN_TILES = 4           # loop tiles a piece takes at least, where the count follows from the sizes
 FILL = 4                # a kernel splits where its programs are at most 1/FILL of Options.split_programs (few SMs busy)
 COMBINE_WARPS = 4
+UNROLL = 4              # pieces a combine loads at once
+NEG_INF = 'float("-inf")'
 
 
 def splittable(s: Schedule) -> bool:
@@ -64,9 +66,9 @@ def count(em: Tiles, tiles: Size) -> Size:
     return torch.sym_max(1, torch.sym_min(pieces, want * torch.sym_min(1, want // FILL)))
 
 
-def _partial(em: Tiles, a: Accum, piece: str, written: bool) -> tuple[str, str]:
+def _partial(em: Tiles, a: Accum, piece: str, written: bool) -> tuple[str, Optional[str]]:
     """The scratch buffer of accumulator a's pieces, (pieces, a's variables) contiguous: its name and offset of
-    this tile's piece `piece`, and the arguments after them of a store or load (the tile's bounds mask)."""
+    this tile's piece `piece`, and the tile's bounds mask (None where the tile is inside them)."""
     n = a.node
     shape = [v.extent for v in n.vars]
     dtype = torch.int32 if a.kind == "any" else torch.float32
@@ -79,8 +81,7 @@ def _partial(em: Tiles, a: Accum, piece: str, written: bool) -> tuple[str, str]:
         numel = numel * d
     off = " + ".join([f"{piece} * {source(numel)}"] +
                      [f"{em.idx(v, tv)} * {source(st)}" for v, st in zip(n.vars, contig(shape))])
-    mask = em.range_mask(tv)
-    return f"{buf} + {off}", f", mask={mask}" if mask and written else f", mask={mask}, other=0" if mask else ""
+    return f"{buf} + {off}", em.range_mask(tv)
 
 
 def partials(em: Tiles, accs: list[Accum]) -> list[str]:
@@ -91,7 +92,7 @@ def partials(em: Tiles, accs: list[Accum]) -> list[str]:
         acc = f"acc_{a.node.name}"
         if not em.tvars(a.node):     # a scalar that a loop with no tile in this piece leaves a literal
             acc = f"({acc} + tl.zeros([], {'tl.int32' if a.kind == 'any' else 'tl.float32'}))"
-        out.append(f"tl.store({at}, {acc}{mask})")
+        out.append(f"tl.store({at}, {acc}{f', mask={mask}' if mask else ''})")
     return out
 
 
@@ -108,7 +109,9 @@ def epilogue(em: Emitter, parts: list[str]) -> list[str]:
 
 def _merge(em: Emitter, accs: list[Accum]) -> list[str]:
     """Lines merging every accumulator's pieces into `acc_*`, as the loop leaves them: extremes and `any` first,
-    then the sums, each piece rescaled from its own running max to the merged one."""
+    then the sums, each piece rescaled from its own running max to the merged one. Each loop over the pieces
+    takes UNROLL at a time, unrolled, so that their loads are in flight together (one after another, a combine
+    of 16 pieces waited out 32 memory latencies)."""
     out = []
     ext = [a for a in accs if a.kind != "sum"]
     sums = [a for a in accs if a.kind == "sum"]
@@ -118,33 +121,37 @@ def _merge(em: Emitter, accs: list[Accum]) -> list[str]:
         value, dt = ("0", "tl.int32") if a.kind == "any" else (lit(IDENTITY[a.kind]), "tl.float32")
         return f"acc_{a.node.name} = tl.full([{shape}], {value}, {dt})"
 
+    def load(a: Accum, other: str) -> str:
+        """Piece sp of a, `other` where sp is past the count or the element outside the tile's bounds."""
+        at, mask = _partial(em, a, "sp", False)
+        return f"tl.load({at}, mask=(sp < ns){f' & ({mask})' if mask else ''}, other={other})"
+
+    pieces = [f"for sp0 in range(0, ns, {UNROLL}):", f"    for u in tl.static_range({UNROLL}):", "        sp = sp0 + u"]
     out += [init(a) for a in ext]
     if ext:
-        out.append("for sp in range(0, ns):")
+        out += pieces
         for a in ext:
-            at, mask = _partial(em, a, "sp", False)
             acc, fn = f"acc_{a.node.name}", "max" if a.kind != "min" else "min"
             nan = "" if a.node in em.nan_free or a.kind == "any" else ", propagate_nan=tl.PropagateNan.ALL"
-            out.append(f"    {acc} = tl.{fn}imum({acc}, tl.load({at}{mask}){nan})")
+            other = "0" if a.kind == "any" else lit(IDENTITY[a.kind])
+            out.append(f"        {acc} = tl.{fn}imum({acc}, {load(a, other)}{nan})")
     maxima = sorted({d for a in sums for d, _, _ in a.rescale}, key=lambda d: d.name)
     out += [f"safe_{d.name} = tl.where(acc_{d.name} == float(\"-inf\"), 0.0, acc_{d.name})" for d in maxima]
     out += [init(a) for a in sums]
     if sums:
-        out.append("for sp in range(0, ns):")
+        out += pieces
         for d in maxima:
-            at, mask = _partial(em, em.s.accums[d], "sp", False)
-            out += [f"    m_{d.name} = tl.load({at}{mask})",
-                    f"    m_{d.name} = tl.where(m_{d.name} == float(\"-inf\"), 0.0, m_{d.name})"]
+            out += [f"        m_{d.name} = {load(em.s.accums[d], NEG_INF)}",
+                    f"        m_{d.name} = tl.where(m_{d.name} == float(\"-inf\"), 0.0, m_{d.name})"]
         for a in sums:
-            at, mask = _partial(em, a, "sp", False)
             tv = em.tvars(a.node)
             alpha = "".join(
                 f" * {em.bcast(f'tl.{base}(' + _moved(d, k) + ')', em.tvars(d), tv)}" for d, base, k in a.rescale)
             x = f"x_{a.node.name}"
-            out.append(f"    {x} = tl.load({at}{mask})")
+            out.append(f"        {x} = {load(a, '0')}")
             # a piece that added nothing adds nothing, whatever its rescale (0 * inf is NaN)
-            out.append(f"    acc_{a.node.name} += tl.where({x} == 0, 0.0, {x}{alpha})" if alpha else
-                       f"    acc_{a.node.name} += {x}")
+            out.append(f"        acc_{a.node.name} += tl.where({x} == 0, 0.0, {x}{alpha})" if alpha else
+                       f"        acc_{a.node.name} += {x}")
     return out
 
 

@@ -180,8 +180,9 @@ def build_schedule(plan: KernelPlan, loop_choice: Optional[Var] = None) -> Sched
     # statistics merged in as roots) is held whole, so it cannot be the grid's row; _finish checks that
     # it fits (MAX_WHOLE)
     inner = {n.attrs["var"] for n in compute if n.op == "reduce"} & set(free)
-    rows = [v for v in free if v not in inner]
-    row = max(rows, key=lambda v: (length(v.extent), -v.id)) if rows else None
+    # the longest free variable is the row; where its tile cannot be built, the next longest (a symbolic head
+    # count of a one-query kernel is "longest" but sits in one operand only, beside the head dim)
+    rows = sorted((v for v in free if v not in inner), key=lambda v: (length(v.extent), -v.id), reverse=True)
     all_vars = {v for n in nodes for v in n.vars} | {n.attrs["var"] for n in compute if n.op == "reduce"}
     reduced = sorted({n.attrs["var"] for n in compute if n.op == "reduce"} - parallel,
                      key=lambda v: (not symbolic(v.extent), -hint(v.extent), v.id))   # a symbolic size is long
@@ -189,14 +190,16 @@ def build_schedule(plan: KernelPlan, loop_choice: Optional[Var] = None) -> Sched
     # parallel variables held in the tile beside the row variable unless that breaks the tile shape; then
     # those that sit in one operand with the row (GQA's head-group index next to the query index), then all
     # of them but those reduced inside go to the grid instead
-    beside_row = {v for n in compute if n.op == "reduce" and n.attrs["kind"] == "sum"
-                  for f, _ in factorize(n.args[0], atoms=boundary) if isinstance(f, LNode) and row in f.vars
-                  for v in f.vars if v in free and v is not row}
-    to_grid = [set(), beside_row, set(free) - {row} - inner]
-    extras = [(e, row) for k, e in enumerate(to_grid) if e not in to_grid[:k]]
-    # last, the row too goes to the grid (a short head-group index chosen as the row of a kernel that holds the
+    extras: list[tuple[set[Var], Optional[Var]]] = []
+    for row in rows:
+        beside_row = {v for n in compute if n.op == "reduce" and n.attrs["kind"] == "sum"
+                      for f, _ in factorize(n.args[0], atoms=boundary) if isinstance(f, LNode) and row in f.vars
+                      for v in f.vars if v in free and v is not row}
+        to_grid = [set(), beside_row, set(free) - {row} - inner]
+        extras += [(e, row) for k, e in enumerate(to_grid) if e not in to_grid[:k]]
+    # last, the rows too go to the grid (a short head-group index chosen as the row of a kernel that holds the
     # keys whole and loops over queries), which leaves the tile to the loop and the variables held whole
-    if row is not None:
+    if rows:
         extras.append((set(free) - inner, None))
     # stepped loops come last, the shortest first, over a short reduced variable that is a batch variable of a
     # contraction (both operands carry it): each step is then a matmul of its own slices
