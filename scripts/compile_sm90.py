@@ -59,6 +59,7 @@ def _module(path: Path, name: str) -> Any:
 
 
 _HELPERS = "flashtensor.codegen.triton_helpers"
+SHARED_BYTES = 232448       # an H100's or H200's shared memory a block may take
 
 
 @functools.cache
@@ -102,9 +103,13 @@ def _compile(src: Any, where: Path) -> list[str]:
     errors = []
     for name, types, modes, warps, stages in builds:
         try:
-            _sm90(getattr(module, name), types, modes, warps, stages)
+            shared = _sm90(getattr(module, name), types, modes, warps, stages).metadata.shared
         except Exception as e:  # noqa: BLE001 - every failure is a finding
             errors.append(f"{name} {modes}: {type(e).__name__}: {_where(e)} (source: {path})")
+            continue
+        if shared > SHARED_BYTES:       # it compiles, and the launch raises OutOfResources
+            errors.append(f"{name} {modes}: needs {shared} bytes of shared memory, sm_90 has {SHARED_BYTES} "
+                          f"(source: {path})")
     return errors
 
 
@@ -162,7 +167,9 @@ def check(name: str, dtype: torch.dtype, configs: int, where: Path, splits: int 
     float32 contractions as `f32_dot` says (Options.f32_dot)."""
     fn, args = found(name) if fuzzed else programs.make(name, device="cpu", dtype=dtype, **programs.GPU)
     failures = []
-    for k, plan in driver.candidate_plans(fn, [_meta(a) for a in args], Options(splits=splits, f32_dot=f32_dot)):
+    # a find's inputs are small, and stay on the CPU: a program may capture a tensor of its own there (a mask buffer)
+    inputs = list(args) if fuzzed else [_meta(a) for a in args]
+    for k, plan in driver.candidate_plans(fn, inputs, Options(splits=splits, f32_dot=f32_dot)):
         for specs in plan.stages["emit"].values():
             for spec in specs:
                 for cfg in CONFIGS[:configs]:

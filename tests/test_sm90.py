@@ -31,9 +31,11 @@ def test_fuzz_find_kernels_compile_for_sm90():
     7th, and at every one of two stages): a column statistic's early-exit loop over a segment that folds to
     empty (one key, a band mask) failed in Triton's sm_90 pipeline, and ptxas crashed on a two-stage loop with
     dots 16 wide; the kernels now leave such segments out, and pipeline such loops in three stages. A dot operand
-    that folds to arithmetic on numbers alone (NaN from -inf * 0) is made a tile before its cast."""
+    that folds to arithmetic on numbers alone (NaN from -inf * 0) is made a tile before its cast. Two built and
+    could not launch: their kernels (or fixup passes) needed more shared memory than an H100 has."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    finds = ["folded_early_exit_loops", "ptxas_two_stage_narrow_dot", "folded_constant_dot_operand"]
+    finds = ["folded_early_exit_loops", "ptxas_two_stage_narrow_dot", "folded_constant_dot_operand",
+             "rope_noise_tiles_past_shared_memory", "fixup_pass_pipelined_past_shared_memory"]
     run = subprocess.run([sys.executable, str(SCRIPT), "--found", *finds, "--configs", "8"], env=env,
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

@@ -204,6 +204,8 @@ def modes(em: Tiles, slots: int, tiles: Size, tile: list[str], checked: list[str
             f"    if tl.load({flag}) == 0:     # every input finite: the first pass was exact",
             "        return",
             "    fin = 0",
-            f"    for pid in range(tl.program_id(0), {source(tiles)}, tl.num_programs(0)):"] + \
+            # not pipelined: Triton pipelined this loop's loads around the inner loops' own buffers (327 KB of
+            # shared memory where the first pass takes 32 KB), and the fixup pass runs for non-finite inputs only
+            f"    for pid in tl.range(tl.program_id(0), {source(tiles)}, tl.num_programs(0), num_stages=1):"] + \
         ["        " + ln for ln in tile if not ln.endswith(CHECK_MARK)] + \
         ["else:", "    fin = 1", "    pid = tl.program_id(0)"] + ["    " + ln for ln in checked]

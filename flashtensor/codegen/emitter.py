@@ -79,6 +79,7 @@ class Emitter(Tiles):
             off = self.offset(zip(n.attrs["index"], strides), tv)
             mask = self.load_mask(n, tv)
             lines.append(f"{out}_raw = tl.load({buf} + {off}" + (f", mask={mask}, other=0)" if mask else ")"))
+            self.loaded.append((tv, dtype.itemsize))
             if self.checks.get(n.attrs["input"], (None,))[0] is n:
                 added = check.check_add(self, n.attrs["input"], f"{out}_raw", tv, mask)
                 lines += added

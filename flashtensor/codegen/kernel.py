@@ -53,13 +53,16 @@ def emit_kernel(spec: KernelSpec, cfg: TileConfig) -> KernelSource:
             body.append(f"more = {loop.unsettled(em, accs)}")
         for k, (lo, hi, region, bounds) in enumerate(segments):
             ctx = Body(p, region, bounds, {**em.cache_pre, **final_cache})
+            first = len(em.loaded)
             loop.loop_body(em, ctx, accs, running)
             for n, _ in em.checks.values():     # a checked load these tiles do not otherwise need
                 if s.loop in n.vars and ctx.lookup(n) is None:
                     ctx.cache[id(n)] = em.compute(n, ctx, ctx.lines)
             step = f"i_{s.loop} = l0" if s.stepped else f"o_{s.loop} = l0 + tl.arange(0, {em.blk[s.loop]})"
             if not early:
-                depth = stages if narrow else loop.stages_of(em, region, stages)    # narrow: never two stages
+                # narrow: never two stages
+                depth = stages if narrow else loop.within_shared(em, em.loaded[first:],
+                                                                 loop.stages_of(em, region, stages))
                 body += loop.loop_header(em, k, lo, hi, depth) + ["    " + ln for ln in [step] + ctx.lines]
                 continue
             empty = loop.empty_in(em, lo, hi)

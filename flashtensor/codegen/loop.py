@@ -7,12 +7,13 @@ maxima first, then every accumulator of the pass, rescaled where a running max m
 from __future__ import annotations
 
 import ast
+import math
 import operator
 import re
 from typing import TYPE_CHECKING, Optional
 
 from ..analysis.facts import IDENTITY, negate
-from ..ir.loops import Affine, LNode
+from ..ir.loops import Affine, LNode, Var
 from ..ir.sizes import Size, ceildiv, hint, source, symbolic
 from ..schedule.schedule import Accum, Schedule, ScheduleError
 from . import check, forms, ranges
@@ -180,6 +181,21 @@ def _bulk(em: Tiles, k: int, ua: str, ub: str, region: frozenset, kept: tuple[st
     em.pre.append(f"{fb} = {fa} + (tl.maximum({fa}, tl.minimum({kept[1]}, {ub})) - {fa}) * fin")
     return [(ua, fa, region, False), (fa, fb, region | frozenset(ranges.kept_atoms(em.s)), False),
             (fb, ub, region, False)]
+
+
+PIPELINED_BYTES = 160 * 1024    # shared memory a loop's pipelined tile loads may take (sm_90 allows 227 KB a block,
+#                                 some of it the dot operands' staging)
+
+
+def within_shared(em: Tiles, loads: list[tuple[list[Var], int]], stages: int) -> int:
+    """`stages`, or fewer (never below two) where the loop's tile loads (`loads`, those of its body), buffered
+    stages - 1 deep, would take more than PIPELINED_BYTES: a 128 x 128 tile of float32 noise beside rotated K
+    and its cos and sin tables, three stages, asked for 311 KB and could not launch."""
+    L = em.s.loop
+    per_stage = sum(math.prod(em.blk[v] for v in tv) * size for tv, size in loads if L in tv)
+    while stages > 2 and (stages - 1) * per_stage > PIPELINED_BYTES:
+        stages -= 1
+    return stages
 
 
 def stages_of(em: Tiles, region: frozenset, stages: int) -> int:

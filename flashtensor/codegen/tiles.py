@@ -57,6 +57,7 @@ class Tiles(abc.ABC):
         self.carriers: dict[str, list[Var]] = {}   # sum accumulators that took in a check (see loop.py)
         self.splits: Size = 1       # programs per row tile, each over a piece of the loop (split.py)
         self.limits: list[str] = []     # the tile offsets' reach in a shape-generic kernel (see `offset`)
+        self.loaded: list[tuple[list[Var], int]] = []     # each tile load emitted: its variables, bytes an element
         # while a contraction's operands are emitted a piece of a variable at a time (emitter.looped_sum): that
         # variable, the body of its loop, the body the contraction itself is in, and whether the pieces are single
         # values (a scalar index) rather than chunks of its axis
@@ -185,6 +186,7 @@ class Tiles(abc.ABC):
         off = self.offset(at, tv)
         mask = self.index_mask(tv, ((e, v.extent) for v, e in index.items()))
         lines.append(f"{out} = tl.load({buf} + {off}" + (f", mask={mask}, other=0)" if mask else ")"))
+        self.loaded.append((tv, next(b.dtype.itemsize for b in self.bufs.values() if b.name == buf)))
         return out
 
     def intermediate(self, n: LNode, written: bool) -> tuple[str, dict[Var, int]]:
