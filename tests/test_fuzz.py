@@ -287,12 +287,14 @@ def _log(result: str, spec: Spec) -> None:
 
 
 def _log_failure(spec: Spec, e: Exception) -> None:
-    """The spec, to replay as a FOUND entry, and the error: its first line (a Triton compile error's message goes
-    on with the whole kernel) and the innermost frame."""
+    """The spec, to replay as a FOUND entry, and the error: its first line and its last three (a Triton compile
+    error's message goes on with the kernel's lines up to the failing one, and says why after them) and the
+    innermost frame."""
     where = traceback.extract_tb(e.__traceback__)[-1]
-    first = (str(e).strip().splitlines() or [""])[0][:400]
+    lines = [ln.strip()[:400] for ln in str(e).strip().splitlines() if ln.strip()] or [""]
+    said = lines[0] + ("".join(f"\n      {ln}" for ln in ["..."] * (len(lines) > 4) + lines[max(1, len(lines) - 3):]))
     with open(f"{LOG}.fails", "a") as f:
-        f.write(f"{spec!r}\n    {type(e).__name__}: {first}\n    at {where.filename}:{where.lineno}\n")
+        f.write(f"{spec!r}\n    {type(e).__name__}: {said}\n    at {where.filename}:{where.lineno}\n")
 
 
 # The share of the drawn programs expected to fuse that must run wholly in kernels (the test says what was seen).

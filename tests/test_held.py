@@ -82,8 +82,8 @@ def test_table_gives_torch_compiles_time_and_ratio_where_timed():
 def test_compare_with_exact():
     """The float64 rule: a half output that misses eager passes where it is as near the exact answer as eager
     plus the slack; a float32 one only where eager itself is ill-conditioned, or with a half-precision slack where
-    the program computes in half precision, or where it is no farther from float64 than eager; where float64 is not finite but eager is, the output is held to
-    eager."""
+    the program computes in half precision, or where it is no farther from float64 than eager; where float64 is
+    not finite but eager is, the output is held to eager."""
     exact = torch.linspace(1, 2, 1000, dtype=torch.float64)
     eager = (exact * (1 + 4e-3)).half()                  # eager 4e-3 from float64
     near, far = exact.half(), (exact * (1 - 8e-3)).half()
@@ -100,6 +100,14 @@ def test_compare_with_exact():
     kept = near.clone()
     kept[:10] = eager[:10]
     assert compare_with_exact(kept, eager, undefined).ok
+    # float64 defined nowhere (a -inf fill through GELU: NaN in float64, finite in bf16's rounding): held to eager
+    # within a step of bf16 on every element, not beyond
+    nowhere = torch.full((432,), math.nan, dtype=torch.float64)
+    bf = (torch.rand(432, generator=torch.Generator().manual_seed(0)) * 0.01 + 0.001).bfloat16()
+    step = (bf.float() + 2 ** (bf.float().log2().floor() - 7)).bfloat16()   # one bf16 step up on every element
+    assert bool((step != bf).all())
+    assert compare_with_exact(step, bf, nowhere).ok
+    assert not compare_with_exact((bf.float() * 1.05).bfloat16(), bf, nowhere).ok
     # there, within the distance of two results as near a float64 answer as eager is elsewhere (4e-3 each, plus
     # the slack), not within eager's own distance
     for shift, ok in ((6e-3, True), (1.2e-2, False)):
