@@ -191,7 +191,8 @@ def build_schedule(plan: KernelPlan, loop_choice: Optional[Var] = None) -> Sched
     # those that sit in one operand with the row (GQA's head-group index next to the query index), then all
     # of them but those reduced inside go to the grid instead
     extras: list[tuple[set[Var], Optional[Var]]] = []
-    for row in rows:
+    tried: list[Optional[Var]] = list(rows) or [None]
+    for row in tried:
         beside_row = {v for n in compute if n.op == "reduce" and n.attrs["kind"] == "sum"
                       for f, _ in factorize(n.args[0], atoms=boundary) if isinstance(f, LNode) and row in f.vars
                       for v in f.vars if v in free and v is not row}
