@@ -156,7 +156,7 @@ def _emit(plan: Plan, call: Call) -> dict[int, list[KernelSpec]]:
                              prec.faithful, plan.stages["facts"], loaded, checks[k], folded, knobs.interpret(),
                              call.options.group_programs, call.options.fixup_programs,
                              sizes=call.sizes(plan.captured), split_programs=call.options.split_programs,
-                             splits=call.options.splits, f32_dot=call.options.f32_dot)
+                             splits=call.options.splits, f32_dot=call.options.float32_dot())
                   for k, s in enumerate(schedules)]
     return out
 

@@ -9,6 +9,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
+import torch
+
 
 @dataclass(frozen=True)
 class TileConfig:
@@ -47,8 +49,10 @@ class Options:
     # where no other dimension has its size (api/compiled.py); False, never
     dynamic: Optional[bool] = None
     # float32 contractions on the GPU: "ieee" (exact products, on the FMA units) or "tf32x3" (three TF32 passes
-    # on the tensor cores, near float32's accuracy); Triton's interpreter computes both exactly
-    f32_dot: str = "ieee"
+    # on the tensor cores, near float32's accuracy); None follows torch.get_float32_matmul_precision() as eager's
+    # matmuls do: "ieee" at "highest" (torch's default), "tf32x3" where eager may use TF32 ("high", "medium"), still
+    # nearer float64 than eager's one pass. Triton's interpreter computes both exactly
+    f32_dot: Optional[str] = None
 
     @classmethod
     def make(cls, **fields: Any) -> "Options":
@@ -58,12 +62,19 @@ class Options:
         if unknown:
             raise TypeError(f"unknown compile option(s): {', '.join(sorted(unknown))}; "
                             f"known: {', '.join(sorted(names))}")
-        if fields.get("f32_dot", "ieee") not in ("ieee", "tf32x3"):
-            raise ValueError(f"f32_dot must be 'ieee' or 'tf32x3', not {fields['f32_dot']!r}")
+        if fields.get("f32_dot") not in (None, "ieee", "tf32x3"):
+            raise ValueError(f"f32_dot must be 'ieee', 'tf32x3' or None, not {fields['f32_dot']!r}")
         if "configs" in fields:
             fields["configs"] = tuple(c if isinstance(c, TileConfig) else TileConfig(*c) for c in fields["configs"])
         return cls(**fields)
 
     def key(self) -> str:
         """What of these options changes a plan (the cache's part of the key)."""
-        return repr(dataclasses.replace(self, cache=True, compile_remainder=None, dynamic=None))
+        return repr(dataclasses.replace(self, cache=True, compile_remainder=None, dynamic=None,
+                                        f32_dot=self.float32_dot()))
+
+    def float32_dot(self) -> str:
+        """f32_dot, or where it is None what torch's float32 matmul precision asks of eager's matmuls now."""
+        if self.f32_dot is not None:
+            return self.f32_dot
+        return "ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32x3"

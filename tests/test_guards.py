@@ -486,6 +486,30 @@ def test_autocast_state_is_guarded():
     assert len(compiled.programs) == 2
 
 
+
+def test_float32_matmul_precision_is_guarded():
+    """Options.f32_dot follows torch's float32 matmul precision (tf32x3 where eager may use TF32): a plan made at
+    "high" must not serve a call at "highest", whose eager matmuls are exact; each setting plans once, and its
+    kernels take the dot precision it asks for."""
+    def attn(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) / 4, dim=-1) @ v
+
+    g = torch.Generator().manual_seed(13)
+    q, k, v = (torch.randn(1, 2, 24, 16, generator=g) for _ in range(3))
+    compiled = ft.compile(attn, cache=False)
+    before = torch.get_float32_matmul_precision()
+    try:
+        for precision in ("high", "highest", "high"):
+            torch.set_float32_matmul_precision(precision)
+            assert_close(compiled(q, k, v), attn(q, k, v))
+            prog = compiled.program_for((q, k, v))
+            assert prog.plan.stages["emit"], prog.notes
+            spec = next(iter(prog.plan.stages["emit"].values()))[0]
+            assert spec.f32_dot == ("ieee" if precision == "highest" else "tf32x3"), (precision, spec.f32_dot)
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert len(compiled.programs) == 2
+
 def test_default_dtype_is_guarded():
     """A constant the function makes with the default dtype (`torch.full(..., 0.5)`) is traced in it: after
     torch.set_default_dtype, the plan made before must not serve."""

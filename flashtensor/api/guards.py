@@ -233,8 +233,9 @@ class Guards:
 
 def ambient() -> tuple:
     """The global modes a trace bakes in, as torch.compile guards on them: autocast's state and dtype for each
-    device type kernels run for or trace on (its casts), and the default dtype (of `torch.full(s, 1.0)`)."""
-    return (torch.get_default_dtype(),
+    device type kernels run for or trace on (its casts), the default dtype (of `torch.full(s, 1.0)`), and the
+    float32 matmul precision (Options.f32_dot follows it)."""
+    return (torch.get_default_dtype(), torch.get_float32_matmul_precision(),
             *((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")))
 
 
