@@ -215,8 +215,13 @@ def _compiled_candidates(specs: Mapping[int, list[KernelSpec]], configs: Sequenc
 
 
 def _compile_fixups(launches: list[Launch], bufs: dict) -> None:
-    """The chosen kernels' fixup passes compiled side by side, before the plan's first run needs them."""
-    compile_all([(la, bufs, True, True) for la in launches if la.source.fixup])
+    """The chosen kernels' fixup passes compiled side by side, before the plan's first run needs them, then each
+    launched once (it returns at once while the finite flag is clear): a fixup pass the device cannot load (its
+    shared memory) fails here, where the search falls back to eager, not in the user's first call."""
+    fixups = [la for la in launches if la.source.fixup]
+    compile_all([(la, bufs, True, True) for la in fixups])
+    for la in fixups:
+        la(bufs, fixup=True, after_prior=True)
 
 
 FRONT: list[tuple[str, Callable[[Plan, Call], Any]]] = [

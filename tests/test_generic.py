@@ -200,6 +200,41 @@ def test_each_length_bucket_tunes_once(monkeypatch):
     assert max(small.kernels[0].blocks.values()) == 32 and max(large.kernels[0].blocks.values()) == 128
 
 
+
+def test_a_new_bucket_whose_tuning_fails_plans_anew(monkeypatch):
+    """Tuning a generic plan for a new length bucket launches its kernels on the device (the fixup passes too, once):
+    a failure there (a kernel the device cannot load) raised out of the user's call. It now costs a plan for that
+    call, and the call gives eager's answer."""
+    from flashtensor.api import compiled as compiled_module
+    monkeypatch.setattr(compiled_module, "timed", lambda device: True)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("out of resource: shared memory")
+    monkeypatch.setattr(compiled_module, "retune", broken)
+    c = ft.compile(h2o_finfo, dynamic=True, cache=False)
+    for k, s in enumerate((24, 200, 150)):
+        _check(h2o_finfo, c, _inputs(2, 2, s, s, seed=k))
+    assert c.cache_info()["searches"] == 2, c.cache_info()     # the new bucket's call planned anew
+
+
+def test_a_fixup_pass_the_device_cannot_load_fails_in_planning(monkeypatch):
+    """A fixup pass is launched on every call (it returns at once while every input is finite), and one the device
+    could not load (327 KB of shared memory on an H100) raised in the user's first call. Planning now launches
+    each once: the failure falls back to eager there, with the reason in the notes."""
+    from flashtensor.runtime.launch import Launch
+    real = Launch.__call__
+
+    def no_fixups(self, buffers, fixup=False, after_prior=False):
+        if fixup:
+            raise RuntimeError("out of resource: shared memory")
+        return real(self, buffers, fixup, after_prior)
+    monkeypatch.setattr(Launch, "__call__", no_fixups)
+    c = ft.compile(h2o_finfo, cache=False)
+    args = _inputs(1, 2, 40, 40)
+    with pytest.warns(ft.FallbackWarning, match="out of resource"):
+        _check(h2o_finfo, c, args)
+    assert c.program_for(args).plan.eager
+
 def test_a_generic_plan_priced_slower_than_eager_is_priced_again_per_bucket(monkeypatch):
     """Where the device prices a plan against the function itself and eager wins, the shape-generic plan is kept
     for the sizes it serves and runs eager in its length bucket: a later length there neither searches nor tunes

@@ -102,7 +102,11 @@ class Compiled:
             elif not tune:
                 return None
             else:
-                tuned = retune(prog, call.leaves, self.options)
+                try:
+                    tuned = retune(prog, call.leaves, self.options)
+                except Exception:  # noqa: BLE001 - a bug in tuning for a new bucket costs a plan, not the answer
+                    log.debug("tuning the generic plan for a new length bucket failed; planning anew", exc_info=True)
+                    tuned = None
                 if tuned is None:
                     return None
                 self._counts["tunes"] += 1
