@@ -183,14 +183,15 @@ def _bulk(em: Tiles, k: int, ua: str, ub: str, region: frozenset, kept: tuple[st
             (fb, ub, region, False)]
 
 
-PIPELINED_BYTES = 160 * 1024    # shared memory a loop's pipelined tile loads may take (sm_90 allows 227 KB a block,
-#                                 some of it the dot operands' staging)
+# shared memory a loop's pipelined tile loads may take: past it, with the dot operands' staging, a kernel cannot
+# launch (sm_90 allows 227 KB a block); below it the tuner skips a configuration that does not fit, as before
+PIPELINED_BYTES = 200 * 1024
 
 
 def within_shared(em: Tiles, loads: list[tuple[list[Var], int]], stages: int) -> int:
     """`stages`, or fewer (never below two) where the loop's tile loads (`loads`, those of its body), buffered
     stages - 1 deep, would take more than PIPELINED_BYTES: a 128 x 128 tile of float32 noise beside rotated K
-    and its cos and sin tables, three stages, asked for 311 KB and could not launch."""
+    and its cos and sin tables, three stages, asked for 311 KB and could not launch, where two take 164 KB."""
     L = em.s.loop
     per_stage = sum(math.prod(em.blk[v] for v in tv) * size for tv, size in loads if L in tv)
     while stages > 2 and (stages - 1) * per_stage > PIPELINED_BYTES:
