@@ -122,7 +122,7 @@ def compare_with_exact(out: Any, ref: torch.Tensor, exact: torch.Tensor,
         # held to eager there: were float64 defined, an output within `bound` of it would be within floor + bound
         # of an eager result as far from it as eager is elsewhere. Where it is defined nowhere, eager's distance
         # is unknown: two results each within half a step of the answer are a step apart at most, on every element
-        near = max(m.tol, 2 * floor + _slack(precision, int(undefined.sum())) if (~undefined).any()
+        near = max(m.tol, (2 * floor + _slack(precision, int(undefined.sum()))) if (~undefined).any()
                    else torch.finfo(precision).eps)
         held = rel_err(o[undefined], r[undefined])
         if held > near:

@@ -37,7 +37,6 @@ MIN_TILES = 4           # loop tiles a piece takes at least, where the count fol
 FILL = 4                # a kernel splits where its programs are at most 1/FILL of Options.split_programs (few SMs busy)
 COMBINE_WARPS = 4
 UNROLL = 4              # pieces a combine loads at once
-NEG_INF = 'float("-inf")'
 
 
 def splittable(s: Schedule) -> bool:
@@ -141,7 +140,7 @@ def _merge(em: Emitter, accs: list[Accum]) -> list[str]:
     if sums:
         out += pieces
         for d in maxima:
-            out += [f"        m_{d.name} = {load(em.s.accums[d], NEG_INF)}",
+            out += [f"        m_{d.name} = {load(em.s.accums[d], lit(IDENTITY['max']))}",
                     f"        m_{d.name} = tl.where(m_{d.name} == float(\"-inf\"), 0.0, m_{d.name})"]
         for a in sums:
             tv = em.tvars(a.node)

@@ -186,7 +186,7 @@ class Tiles(abc.ABC):
         off = self.offset(at, tv)
         mask = self.index_mask(tv, ((e, v.extent) for v, e in index.items()))
         lines.append(f"{out} = tl.load({buf} + {off}" + (f", mask={mask}, other=0)" if mask else ")"))
-        self.loaded.append((tv, next(b.dtype.itemsize for b in self.bufs.values() if b.name == buf)))
+        self.loaded.append((tv, self.bufs[stored(n)].dtype.itemsize))
         return out
 
     def intermediate(self, n: LNode, written: bool) -> tuple[str, dict[Var, int]]:
