@@ -120,13 +120,13 @@ def _signature(buffers: list, sizes: list[str]) -> dict[str, str]:
 
 def _sm90(fn: Any, types: dict[str, str], modes: dict[str, int], warps: int, stages: int) -> Any:
     """fn compiled for sm_90 with every pointer 16-byte aligned, as a launch on the GPU specialises torch's
-    allocations: the code it then vectorises is what fails (a bool mask's cp.async of 1 byte once, which unaligned
-    compiles passed)."""
+    allocations (and no size: codegen/artifact.jit): the code it then vectorises is what fails (a bool mask's
+    cp.async of 1 byte once, which unaligned compiles passed)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    aligned = {(i,): [["tt.divisibility", 16]] for i in range(len(types))}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(types.values()) if t.startswith("*")}
     return triton.compile(ASTSource(fn=fn, signature={**types, **{m: "constexpr" for m in modes}, "PDL": "constexpr"},
                                     constexprs={**modes, "PDL": True}, attrs=aligned),
                           target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})

@@ -525,6 +525,29 @@ FOUND = [
          fill="-inf", mask_from="buffer", pad=41, rope=True, rope_style="half", rope_by="index", scores_by="matmul",
          gate=True, eps=1e-09, pack="args", scale_from="closure", rescale=None, grad=False, act="sigmoid", floor=True,
          sink=True),
+    # a sink, one number per head, checked finite: a scalar in the kernel, which the check summed through
+    # tl.ravel; the sm_90 compiler rejected that and the interpreter raised (the H100 campaign, fp16 seed 108)
+    Spec("softmax", batch=1, heads=2, kv_heads=2, q_len=3, kv_len=32, dim=32, dtype=torch.float16, layout="bhsd",
+         expand="expand", scale=0.25, cap=None, slope=None, mask="prefix", width=29, apply="input", float_probs=True,
+         stats=("rowsum", "colstd"), threshold=1.0, feature="ea", cast_inside=False, noise=False, plant=None,
+         seed=450, config=8, fill="-inf", mask_from="ones", pad=16, rope=False, rope_style="half", rope_by="slice",
+         scores_by="matmul", gate=True, eps=1e-06, pack="dict", scale_from="closure", rescale=None, grad=False,
+         act="sigmoid", floor=False, sink=True),
+    # a generic plan called at one key: Triton folded the length 1 into the code, and the early-exit loop that then
+    # never ran crashed its sm_90 pipeline (the H200 campaign, bf16 seed 213); the kernels' lengths are not
+    # specialised now (codegen/artifact.jit)
+    Spec("sigmoid", batch=2, heads=4, kv_heads=2, q_len=54, kv_len=54, dim=16, dtype=torch.bfloat16, layout="bhsd",
+         expand="repeat_interleave", scale=0.25, cap=5.0, mask="causal", width=21, apply="masked_fill",
+         float_probs=True, stats=("colmaxpool", "colany"), threshold=2.0, seed=113, config=7, fill="-inf",
+         mask_from="buffer", rope=True, rope_style="every_two", scale_from="closure", act="gelu", floor=True,
+         eps=1e-09),
+    # bf16 scores capped at 30 as eager rounds them: the kernels' tanh, 1 - 2 / (e^2x + 1) with ex2.approx, put
+    # some one bf16 ulp (0.125 at 30) from eager's, and o came out 1.79e-2 from float64 where eager's is 1.37e-2
+    # (the H100 and H200 campaigns, bf16); on the GPU the kernels now call the tanhf eager calls
+    Spec("softmax", batch=2, heads=2, kv_heads=2, q_len=2, kv_len=17, dim=16, dtype=torch.bfloat16, layout="bshd",
+         expand="expand", scale=1.0, cap=30.0, slope=0.05, mask="causal", width=5, apply="where", float_probs=True,
+         stats=("colstd",), threshold=1.0, seed=3018, config=0, fill="-inf", mask_from="iota", gate=True,
+         pack="list", rescale=0.125, floor=True, eps=1e-09, scale_from="default"),
 ]
 
 
@@ -541,7 +564,8 @@ FOUND_IDS = ["colmax_fully_masked_rows", "fp16_large_scores", "bf16_linear", "si
              "additive_1e9_rounds_fully_masked_rows", "generic_colmax_reads_back_three_variables",
              "sima_one_token_signs_cancel", "bf16_gelu_three_keys_a_step_apart", "bf16_gelu_floored_row_sums",
              "fp16_gelu_tanh_negative_tail", "folded_constant_dot_operand", "threshold_read_in_widened_probs",
-             "rope_noise_tiles_past_shared_memory", "fixup_pass_pipelined_past_shared_memory"]
+             "rope_noise_tiles_past_shared_memory", "fixup_pass_pipelined_past_shared_memory",
+             "scalar_input_checked", "generic_length_of_one_unspecialised", "bf16_soft_cap_tanh_as_eager"]
 
 # Finds not fixed yet, each failing as the comment says (a strict xfail: the test fails once one passes, and it
 # then moves to FOUND); the campaign skips them, so that it reports new failures.
@@ -607,7 +631,10 @@ def test_every_partition_the_gpu_search_times(spec: Spec):
     codegen/schedule.py's factorize now stops at loaded values.)"""
     def run(k):
         progs = run_spec(spec, candidate=k, resize=False)
-        assert outcome(progs) == "fused" or not expected_to_fuse(spec), k
+        # a later candidate may be one that would pass an S x S intermediate between kernels: the search drops it
+        notes = [n for p in progs for n in p.notes]
+        dropped = k > 0 and bool(notes) and all("intermediate between kernels" in n for n in notes)
+        assert outcome(progs) == "fused" or not expected_to_fuse(spec) or dropped, k
         return progs[0].plan
     each_partition(run)
 

@@ -6,11 +6,13 @@ in a process of its own, without the interpreter the tests run under."""
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
+import flashtensor as ft
 from flashtensor import driver, knobs
 from flashtensor.codegen.kernel import emit_kernel
 from flashtensor.options import CONFIGS, Options, TileConfig
@@ -32,10 +34,11 @@ def test_fuzz_find_kernels_compile_for_sm90():
     empty (one key, a band mask) failed in Triton's sm_90 pipeline, and ptxas crashed on a two-stage loop with
     dots 16 wide; the kernels now leave such segments out, and pipeline such loops in three stages. A dot operand
     that folds to arithmetic on numbers alone (NaN from -inf * 0) is made a tile before its cast. Two built and
-    could not launch: their kernels (or fixup passes) needed more shared memory than an H100 has."""
+    could not launch: their kernels (or fixup passes) needed more shared memory than an H100 has. A scalar input's
+    finite check is added as it is, not summed through tl.ravel."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     finds = ["folded_early_exit_loops", "ptxas_two_stage_narrow_dot", "folded_constant_dot_operand",
-             "rope_noise_tiles_past_shared_memory", "fixup_pass_pipelined_past_shared_memory"]
+             "rope_noise_tiles_past_shared_memory", "fixup_pass_pipelined_past_shared_memory", "scalar_input_checked"]
     run = subprocess.run([sys.executable, str(SCRIPT), "--found", *finds, "--configs", "8"], env=env,
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -108,3 +111,38 @@ for form in ("inside", "passed"):
     assert run.returncode == 0, run.stderr[-3000:]
     got = dict(line.split(" ", 1) for line in run.stdout.strip().splitlines())
     assert got["inside"] == got["passed"], got
+
+
+def test_generic_kernels_take_every_length_unspecialised():
+    """A generic plan's kernels take their lengths as plain integers on the GPU: Triton folds an int argument of 1
+    into the code unless told not to, and in an early-exit loop that then never runs (a length of 1) its sm_90
+    pipeline crashed (TritonGPUCoalesce, fuzz seed 213 on the H200); specialising on 16 compiled again for the
+    lengths it divides. The kernels are imported as the GPU compiler sees them, their size parameters bound as a
+    launch binds them."""
+    sys.path[:0] = [str(SCRIPT.parent)]
+    import compile_sm90
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.jit import native_specialize_impl
+
+    def h2o(q, k, v):
+        p = torch.softmax(q @ k.transpose(-1, -2) / 4.0, dim=-1)
+        return p @ v, p.sum(dim=-2)
+
+    compiled = ft.compile(h2o, dynamic=True, cache=False)
+    for n in (1, 33):
+        compiled(*(torch.randn(1, 2, n, 16) for _ in range(3)))
+    kernels = [k for ps in compiled.generic.values() for p in ps for k in p.kernels]
+    assert kernels and all(k.sizes for k in kernels)
+    backend = make_backend(GPUTarget("cuda", 90, 32))
+    where = Path(tempfile.mkdtemp(prefix="sm90-"))
+    for k in kernels:
+        path = where / f"{k.name}.py"
+        path.write_text(k.source)
+        fn = getattr(compile_sm90._compiled_module(path), k.name)
+        params = [p for p in fn.params if p.name in k.sizes]
+        assert len(params) == len(k.sizes), k.source[:500]
+        for p, n in ((p, n) for p in params for n in (1, 16, 4096, 2 ** 33)):
+            bound = native_specialize_impl(backend, n, p.is_const, not p.do_not_specialize,
+                                           not p.do_not_specialize_on_alignment)
+            assert bound == ("i32" if n < 2 ** 31 else "i64", None), (k.name, p.name, n, bound)

@@ -81,9 +81,10 @@ INT32_REACH = 2 ** 31
 
 
 def jit(sizes: Sequence[str]) -> str:
-    """The decorator line of a generated kernel. Its size arguments are not specialised on alignment: Triton would
-    otherwise compile the kernel again for the lengths that 16 divides, seconds on a call that should only launch."""
-    return f"@triton.jit(do_not_specialize_on_alignment={list(sizes)!r})" if sizes else "@triton.jit"
+    """The decorator line of a generated kernel. Its size arguments are not specialised: Triton would otherwise
+    compile the kernel again for the lengths that 16 divides, seconds on a call that should only launch, and fold a
+    length of 1 into the code, where an early-exit loop that then never runs crashes its sm_90 pipeline."""
+    return f"@triton.jit(do_not_specialize={list(sizes)!r})" if sizes else "@triton.jit"
 
 
 def plain_shape(b: Buffer) -> Buffer:

@@ -44,14 +44,16 @@ def check_add(em: Tiles, i: int, raw: str, tv: list[Var], mask: Optional[str]) -
     if dom == "moderate":   # -|x| at least -MODERATE also rules out inf and NaN: one running minimum tests both
         m = _measure(x, dom)
         m = f"tl.where({mask}, {m}, 0.0)" if mask else m
-        red = f"_min_over({m}, {tv.index(em.s.loop)})" if em.s.loop in tv else f"_min_over(tl.ravel({m}), 0)"
+        red = (f"_min_over({m}, {tv.index(em.s.loop)})" if em.s.loop in tv
+               else f"_min_over(tl.ravel({m}), 0)" if tv else f"({m})")
         return [f"chkr{i} = _min_nan(chkr{i}, {red}){CHECK_MARK}"]
     return [check_sum(em, i, _check_term(x, dom, mask), tv)]
 
 
 def check_sum(em: Tiles, i: int, term: str, tv: list[Var]) -> str:
     """Line adding a check term over a tile of input i to its accumulator."""
-    red = f"tl.sum({term}, {tv.index(em.s.loop)})" if em.s.loop in tv else f"tl.sum(tl.ravel({term}), 0)"
+    red = (f"tl.sum({term}, {tv.index(em.s.loop)})" if em.s.loop in tv
+           else f"tl.sum(tl.ravel({term}), 0)" if tv else f"({term})")   # a scalar as it is
     return f"chk{i} += {red}.to(tl.float32){CHECK_MARK}"
 
 

@@ -19,7 +19,7 @@ from ..ir.sizes import source, symbolic, times
 from ..schedule.schedule import Factor, ScheduleError
 from . import check, forms
 from .body import Body
-from .lower import BINARY, HALF, NAN_REDUCE, TL, UNARY, contig, lit, round_to
+from .lower import AS_EAGER, BINARY, HALF, NAN_REDUCE, TL, UNARY, contig, lit, round_to
 from .tiles import Tiles
 
 CHUNK = 32       # the piece of a chunked contraction's axis (Emitter.looped_sum)
@@ -126,7 +126,8 @@ class Emitter(Tiles):
             check.check_by_log(self, n, out, tv, ctx, lines)
             return out, tv
         if op in UNARY:
-            lines.append(f"{out} = " + self.rounded(n, UNARY[op].format(self.arg(n.args[0], tv, ctx))))
+            template = AS_EAGER.get(op, UNARY[op]) if self.rounds(n) else UNARY[op]
+            lines.append(f"{out} = " + self.rounded(n, template.format(self.arg(n.args[0], tv, ctx))))
             return out, tv
         for form in forms.FORMS:       # local forms cheaper than the op as written (codegen/forms.py)
             if (alt := form(self, n, tv, ctx, lines)) is not None:

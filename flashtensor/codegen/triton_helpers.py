@@ -7,7 +7,7 @@ launch. Being a real module, it is linted, type-checked and tested like the rest
 """
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait, libdevice
 
 from .. import knobs
 
@@ -26,6 +26,17 @@ def _log2_approx(x, FTZ: tl.constexpr):
                                          is_pure=True, pack=1)
     else:
         return tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _tanh(x):
+    # torch.tanh where eager rounds it to half precision (lower.AS_EAGER): on the GPU libdevice's tanhf, the
+    # function eager's CUDA kernel calls, so that the kernel rounds the same value; half as many instructions
+    # again as the fast form, which cancels near 0. The interpreter has no libdevice
+    if _INTERPRETED:
+        return 1.0 - 2.0 / (tl.exp2(2.8853900817779268 * x) + 1.0)
+    else:
+        return libdevice.tanh(x)
 
 
 @triton.jit

@@ -87,9 +87,9 @@ class Step:
         return [self.options[name] for name in self.fn.arg_names[len(self.buffers) + len(self.sizes):]]
 
 
-def _size_spec(n: int) -> tuple[bool, bool, bool]:
-    """What Triton may specialise an int argument on: 1 (a constant), divisible by 16, the width it needs."""
-    return n == 1, n % 16 == 0, -2 ** 31 <= n < 2 ** 31
+def _size_spec(n: int) -> bool:
+    """What Triton specialises a size argument on (codegen/artifact.jit): the width it needs."""
+    return -2 ** 31 <= n < 2 ** 31
 
 
 @dataclass
