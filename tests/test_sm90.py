@@ -146,3 +146,25 @@ def test_generic_kernels_take_every_length_unspecialised():
             bound = native_specialize_impl(backend, n, p.is_const, not p.do_not_specialize,
                                            not p.do_not_specialize_on_alignment)
             assert bound == ("i32" if n < 2 ** 31 else "i64", None), (k.name, p.name, n, bound)
+
+
+@pytest.mark.unit
+def test_tanh_rounded_to_half_precision_calls_eagers_tanhf():
+    """A plan that rounds tanh to bf16 as eager does (the fuzz find bf16_soft_cap_tanh_as_eager: the fast form put
+    capped scores one bf16 step from eager's on the GPU) calls libdevice's tanhf through `_tanh`; gemma2's kernels,
+    whose soft cap stays in float32, keep the fast form."""
+    sys.path[:0] = [str(SCRIPT.parent)]
+    import compile_sm90
+
+    from flashtensor.bench import programs
+
+    def sources(fn, args):
+        with knobs.override(interpret=False):
+            (_, plan), *_ = driver.candidate_plans(fn, list(args), Options())
+            return [emit_kernel(spec, CONFIGS[0]).source for spec in next(iter(plan.stages["emit"].values()))]
+
+    capped = sources(*compile_sm90.found("bf16_soft_cap_tanh_as_eager"))
+    assert any("_tanh(" in s for s in capped) and not any("tl.exp2(2.885" in s for s in capped)
+    fn, args = programs.make("gemma2_softcap", device="cpu", dtype=torch.bfloat16, **programs.SMALL)
+    gemma = sources(fn, [torch.empty_like(a, device="meta") if isinstance(a, torch.Tensor) else a for a in args])
+    assert not any("_tanh(" in s for s in gemma) and any("tl.exp2(2.885" in s for s in gemma)
