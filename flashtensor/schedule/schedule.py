@@ -17,6 +17,7 @@ variable is then an index, like a batch variable's, and each step works on tiles
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional, Union
@@ -126,8 +127,22 @@ def factorize(x: Union[LNode, float, int], power: int = 1, atoms: frozenset = fr
         if x.op == "div":
             return factorize(x.args[0], power, atoms) + factorize(x.args[1], -power, atoms)
         if x.op == "cast" and x.dtype.is_floating_point and x.args[0].dtype.is_floating_point:
-            return factorize(x.args[0], power, atoms)
+            inner = factorize(x.args[0], power, atoms)
+            # eager rounds a narrowed product whole: a constant factor split off into the other operand of a dot
+            # would add a rounding there (v / 9 in bf16), unless it is a power of two
+            if x.dtype in (torch.float16, torch.bfloat16) and x.dtype != x.args[0].dtype and \
+                    any(_inexact_constant(f) for f, _ in inner):
+                return [(x, power)]
+            return inner
     return [(x, power)]
+
+
+def _inexact_constant(f: Union[LNode, float, int]) -> bool:
+    """A factor with no variable that is not known to be a power of two (scaling by one is exact)."""
+    v = f.attrs["value"] if isinstance(f, LNode) and f.op == "scalar" else f
+    if isinstance(v, LNode):
+        return not v.vars
+    return not (isinstance(v, (int, float)) and math.isfinite(v) and v != 0 and math.frexp(abs(v))[0] == 0.5)
 
 
 def _reaches(n, targets: set[LNode], boundary: frozenset[LNode], memo: dict) -> set[LNode]:
