@@ -44,17 +44,21 @@ def check_add(em: Tiles, i: int, raw: str, tv: list[Var], mask: Optional[str]) -
     if dom == "moderate":   # -|x| at least -MODERATE also rules out inf and NaN: one running minimum tests both
         m = _measure(x, dom)
         m = f"tl.where({mask}, {m}, 0.0)" if mask else m
-        red = (f"_min_over({m}, {tv.index(em.s.loop)})" if em.s.loop in tv
-               else f"_min_over(tl.ravel({m}), 0)" if tv else f"({m})")
-        return [f"chkr{i} = _min_nan(chkr{i}, {red}){CHECK_MARK}"]
+        return [f"chkr{i} = _min_nan(chkr{i}, {_over_tile(em, '_min_over', m, tv)}){CHECK_MARK}"]
     return [check_sum(em, i, _check_term(x, dom, mask), tv)]
 
 
 def check_sum(em: Tiles, i: int, term: str, tv: list[Var]) -> str:
     """Line adding a check term over a tile of input i to its accumulator."""
-    red = (f"tl.sum({term}, {tv.index(em.s.loop)})" if em.s.loop in tv
-           else f"tl.sum(tl.ravel({term}), 0)" if tv else f"({term})")   # a scalar as it is
-    return f"chk{i} += {red}.to(tl.float32){CHECK_MARK}"
+    return f"chk{i} += {_over_tile(em, 'tl.sum', term, tv)}.to(tl.float32){CHECK_MARK}"
+
+
+def _over_tile(em: Tiles, reduce: str, x: str, tv: list[Var]) -> str:
+    """x over tv reduced by `reduce` over the loop's axis, or whole where the tile has none; a scalar (one value
+    per program) as it is."""
+    if em.s.loop in tv:
+        return f"{reduce}({x}, {tv.index(em.s.loop)})"
+    return f"{reduce}(tl.ravel({x}), 0)" if tv else f"({x})"
 
 
 def check_by_log(em: Tiles, log: LNode, out: str, tv: list[Var], ctx: Optional[Body], lines: list[str]) -> None:
