@@ -12,12 +12,13 @@ tests"; scripts/fuzz_campaign.py runs several at once).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import traceback
 import warnings
 from collections import Counter
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import pytest
 import torch
@@ -82,17 +83,29 @@ def exact_args(spec: Spec, args: tuple) -> list[torch.Tensor]:
     return [a.detach().double() if a.is_floating_point() else a.detach() for a in as_read(spec, args)]
 
 
-def exact_outputs(spec: Spec, fn: Callable, args: tuple, scale: float) -> tuple:
-    """fn's outputs on the float64 inputs, with float64 the default dtype: a constant the program makes of its own
-    dtype's range, `torch.tensor(torch.finfo(s.dtype).min)` (the H2O repository's floor), is otherwise a float32
-    -inf, and the floor the program means is lost (fully masked rows NaN where eager's are uniform)."""
+@contextlib.contextmanager
+def float64_default() -> Iterator[None]:
+    """Where the exact reference runs: float64 the default dtype, so that a constant the program makes of its own
+    dtype's range, `torch.tensor(torch.finfo(s.dtype).min)` (the H2O repository's floor), is float64's and not a
+    float32 -inf that loses the floor the program means (fully masked rows NaN where eager's are uniform)."""
     saved = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
-        with torch.no_grad():
-            return as_tuple(invoke(spec, fn, exact_args(spec, args), scale))
+        yield
     finally:
         torch.set_default_dtype(saved)
+
+
+def exact_outputs(spec: Spec, fn: Callable, args: tuple, scale: Optional[float]) -> tuple:
+    """fn's outputs on the float64 inputs."""
+    with float64_default(), torch.no_grad():
+        return as_tuple(invoke(spec, fn, exact_args(spec, args), scale))
+
+
+def exact_probs(spec: Spec, args: tuple, scale: float) -> torch.Tensor:
+    """The probabilities from the float64 inputs."""
+    with float64_default():
+        return _probs(spec, exact_args(spec, args), scale)
 
 
 def _probs(spec: Spec, xs: list[torch.Tensor], scale: float) -> torch.Tensor:
@@ -107,7 +120,7 @@ def _near_threshold(spec: Spec, name: str, args: tuple, scale: float) -> torch.T
     the other side of it in eager's own precision than in float64 (bf16 scores of 30 round by 0.06, and
     their probabilities move by 6%). Eager compares with the threshold in p's dtype, which is float32 where the
     program widens the scores (noise, float probabilities), not the inputs'."""
-    p, own = _probs(spec, exact_args(spec, args), scale), _probs(spec, as_read(spec, args), scale)
+    p, own = exact_probs(spec, args, scale), _probs(spec, as_read(spec, args), scale)
     thr = spec.threshold / spec.kv_len
     read = torch.tensor(thr, dtype=torch.float64).to(own.dtype).item()
     near = ((p - thr).abs() <= NEAR[spec.dtype] * thr) | ((p > thr) != (own.double() > read))
@@ -117,7 +130,7 @@ def _near_threshold(spec: Spec, name: str, args: tuple, scale: float) -> torch.T
 def _argmax_near(spec: Spec, o: torch.Tensor, r: torch.Tensor, args: tuple, scale: float) -> bool:
     """Whether every index that differs from eager's picks a probability within rounding of the row's float64
     maximum (a NaN where the row has one): bf16 scores of 30 round by 0.06, so eager's own pick may be off."""
-    p = _probs(spec, exact_args(spec, args), scale)
+    p = exact_probs(spec, args, scale)
     mine, top = p.gather(-1, o.long()[..., None])[..., 0], p.amax(dim=-1)
     near = (mine >= top * (1 - NEAR[spec.dtype])) | (mine.isnan() & top.isnan())
     return bool(near[o != r].all())
@@ -173,7 +186,8 @@ def _check_grads(spec: Spec, fn: Callable, compiled: Callable, args: tuple) -> N
         m = compare(o, r)
         if not m.ok:
             if exact is None:
-                exact = _grads(spec, fn, tuple(exact_args(spec, args)))[1]
+                with float64_default():
+                    exact = _grads(spec, fn, tuple(exact_args(spec, args)))[1]
             m = compare_with_exact(o, r, exact["qkv".index(name)])
         assert m.ok, f"d{name}: {m.problem}"
 
@@ -643,7 +657,7 @@ def test_the_threshold_slack_covers_eagers_own_counts():
     k = output_names(spec).index("rowcount")
     with torch.no_grad():
         eager = as_tuple(invoke(spec, fn, args))[k]
-        exact = as_tuple(invoke(spec, fn, exact_args(spec, args)))[k]
+        exact = exact_outputs(spec, fn, args, None)[k]
     differ = (eager.long() - exact.long()).abs()
     assert differ.max() == 2
     assert bool((differ <= _near_threshold(spec, "rowcount", args, spec.scale)).all())
