@@ -6,8 +6,8 @@ in a process of its own, without the interpreter the tests run under."""
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -18,6 +18,14 @@ from flashtensor.codegen.kernel import emit_kernel
 from flashtensor.options import CONFIGS, Options, TileConfig
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "compile_sm90.py"
+
+
+def _script() -> Any:
+    """scripts/compile_sm90.py as a module: its builds of generated kernels as the GPU compiler sees them."""
+    if str(SCRIPT.parent) not in sys.path:
+        sys.path.insert(0, str(SCRIPT.parent))
+    import compile_sm90
+    return compile_sm90
 
 
 def test_held_program_kernels_compile_for_sm90():
@@ -113,14 +121,12 @@ for form in ("inside", "passed"):
     assert got["inside"] == got["passed"], got
 
 
-def test_generic_kernels_take_every_length_unspecialised():
+def test_generic_kernels_take_every_length_unspecialised(tmp_path):
     """A generic plan's kernels take their lengths as plain integers on the GPU: Triton folds an int argument of 1
     into the code unless told not to, and in an early-exit loop that then never runs (a length of 1) its sm_90
     pipeline crashed (TritonGPUCoalesce, fuzz seed 213 on the H200); specialising on 16 compiled again for the
     lengths it divides. The kernels are imported as the GPU compiler sees them, their size parameters bound as a
     launch binds them."""
-    sys.path[:0] = [str(SCRIPT.parent)]
-    import compile_sm90
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
     from triton.runtime.jit import native_specialize_impl
@@ -135,11 +141,10 @@ def test_generic_kernels_take_every_length_unspecialised():
     kernels = [k for ps in compiled.generic.values() for p in ps for k in p.kernels]
     assert kernels and all(k.sizes for k in kernels)
     backend = make_backend(GPUTarget("cuda", 90, 32))
-    where = Path(tempfile.mkdtemp(prefix="sm90-"))
     for k in kernels:
-        path = where / f"{k.name}.py"
+        path = tmp_path / f"{k.name}.py"
         path.write_text(k.source)
-        fn = getattr(compile_sm90._compiled_module(path), k.name)
+        fn = getattr(_script()._compiled_module(path), k.name)
         params = [p for p in fn.params if p.name in k.sizes]
         assert len(params) == len(k.sizes), k.source[:500]
         for p, n in ((p, n) for p in params for n in (1, 16, 4096, 2 ** 33)):
@@ -153,9 +158,6 @@ def test_tanh_rounded_to_half_precision_calls_eagers_tanhf():
     """A plan that rounds tanh to bf16 as eager does (the fuzz find bf16_soft_cap_tanh_as_eager: the fast form put
     capped scores one bf16 step from eager's on the GPU) calls libdevice's tanhf through `_tanh`; gemma2's kernels,
     whose soft cap stays in float32, keep the fast form."""
-    sys.path[:0] = [str(SCRIPT.parent)]
-    import compile_sm90
-
     from flashtensor.bench import programs
 
     def sources(fn, args):
@@ -163,8 +165,8 @@ def test_tanh_rounded_to_half_precision_calls_eagers_tanhf():
             (_, plan), *_ = driver.candidate_plans(fn, list(args), Options())
             return [emit_kernel(spec, CONFIGS[0]).source for spec in next(iter(plan.stages["emit"].values()))]
 
-    capped = sources(*compile_sm90.found("bf16_soft_cap_tanh_as_eager"))
+    capped = sources(*_script().found("bf16_soft_cap_tanh_as_eager"))
     assert any("_tanh(" in s for s in capped) and not any("tl.exp2(2.885" in s for s in capped)
     fn, args = programs.make("gemma2_softcap", device="cpu", dtype=torch.bfloat16, **programs.SMALL)
-    gemma = sources(fn, [torch.empty_like(a, device="meta") if isinstance(a, torch.Tensor) else a for a in args])
+    gemma = sources(fn, [_script()._meta(a) for a in args])
     assert not any("_tanh(" in s for s in gemma) and any("tl.exp2(2.885" in s for s in gemma)
