@@ -593,6 +593,16 @@ FOUND = [
          noise=True, plant=float("inf"), seed=34119, config=0, fill="-1e9", mask_from="ones", pad=2, rope=False,
          rope_style="half", rope_by="slice", scores_by="einsum", gate=False, eps=1e-06, pack="args",
          scale_from="global", rescale=None, grad=False, act="softplus", floor=False, sink=False),
+    # fp16 entropy -(p * log(p + 1e-9)) with a prefix mask, at a length the shape-generic plan served (25): fp16
+    # rounds p + 1e-9 to 0 on masked keys, whose log is -inf, so eager's rows are NaN; the facts took the product as 0
+    # there (1e-9 in float64, the log unknown) and the plan skipped a wholly masked tile, leaving row 15 finite (the
+    # CPU campaign, seed 3300). Facts now hold each constant as its node's dtype does and follow it through the log
+    Spec(kind="softmax", batch=2, heads=1, kv_heads=1, q_len=12, kv_len=12, dim=16, dtype=torch.float16, layout="bhsd",
+         expand="repeat_interleave", scale=0.25, cap=30.0, slope=0.05, mask="prefix", width=1, apply="masked_fill",
+         float_probs=False, stats=("entropy",), threshold=0.5, feature="ea", cast_inside=True, noise=False, plant=None,
+         seed=119, config=1, fill="-inf", mask_from="buffer", pad=0, rope=False, rope_style="half", rope_by="slice",
+         scores_by="matmul", gate=False, eps=1e-09, pack="args", scale_from="kwarg", rescale=None, grad=False,
+         act="sigmoid", floor=False, sink=False),
 ]
 
 
@@ -611,7 +621,8 @@ FOUND_IDS = ["colmax_fully_masked_rows", "fp16_large_scores", "bf16_linear", "si
              "fp16_gelu_tanh_negative_tail", "folded_constant_dot_operand", "threshold_read_in_widened_probs",
              "rope_noise_tiles_past_shared_memory", "fixup_pass_pipelined_past_shared_memory",
              "scalar_input_checked", "generic_length_of_one_unspecialised", "bf16_soft_cap_tanh_as_eager",
-             "float64_floor_of_its_own_range", "constant_divisor_rounded_with_its_cast"]
+             "float64_floor_of_its_own_range", "constant_divisor_rounded_with_its_cast",
+             "fp16_epsilon_rounded_in_a_skipped_tile"]
 
 # Finds not fixed yet, each failing as the comment says (a strict xfail: the test fails once one passes, and it
 # then moves to FOUND); the campaign skips them, so that it reports new failures.
@@ -667,6 +678,11 @@ def test_a_shape_generic_plan_reads_a_value_back_in_two_dimensional_tiles():
     """generic_colmax_reads_back_three_variables with the campaign's resize step, whose shape-generic plan had the
     bug: every call matches eager and no plan records an internal compiler error (run_spec checks both)."""
     run_spec(FOUND[FOUND_IDS.index("generic_colmax_reads_back_three_variables")])
+
+
+def test_a_shape_generic_plan_keeps_a_tile_an_epsilon_makes_nan():
+    """fp16_epsilon_rounded_in_a_skipped_tile with the resize step: its shape-generic plan skipped the tile."""
+    run_spec(FOUND[FOUND_IDS.index("fp16_epsilon_rounded_in_a_skipped_tile")])
 
 
 @pytest.mark.parametrize("spec", FOUND, ids=FOUND_IDS)

@@ -443,3 +443,25 @@ def test_only_two_valued_constants_of_index_form_are_rewritten(value, kept):
     b = Builder()
     n = b.add("const", (), tuple(value.shape), value.dtype, value=value)
     assert (as_index_predicate(Builder(), n) is not None) is kept
+
+
+def test_an_epsilon_rounded_away_keeps_the_masked_tiles():
+    """The entropy -(p * log(p + 1e-9)) is 0 on masked keys in float32, so their tiles are skipped; fp16 rounds
+    p + 1e-9 to 0 there, whose log is -inf and p times it NaN, so eager's rows are NaN and those tiles must run
+    (analysis/facts.py holds each constant as its node's dtype does and follows it through the log)."""
+    def fn(q, k, v):
+        s = _scores(q, k)
+        i, j = _bottom_right(s)
+        p = torch.softmax(s.masked_fill(j > i, float("-inf")), dim=-1)
+        return -(p * torch.log(p + 1e-9)).sum(-1)
+
+    skipped = {}
+    for dtype in (torch.float32, torch.float16):
+        args = _qkv(dtype, S, S)
+        compiled = ft.compile(fn, cache=False, configs=TILES)
+        out, ref = compiled(*args), fn(*args)
+        assert bool(ref.isnan().any()) == (dtype == torch.float16)
+        assert_close(out, ref)      # NaN where eager has it
+        skipped[dtype] = [r for p in ft.explain(compiled, *args).properties for r in p.skipped]
+    masked = [r for r in skipped[torch.float32] if " and " not in r]      # j - i - 1 >= 0, on every row
+    assert len(masked) == 1 and masked[0] not in skipped[torch.float16], skipped

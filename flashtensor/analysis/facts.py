@@ -22,6 +22,7 @@ from typing import Any, Optional
 import torch
 
 from ..ir.loops import Affine, LNode, LoopGraph, read_input
+from ..ir.ops import UNARY_OPS, Op
 from ..ir.sizes import symbolic
 from .atoms import HUGE, MODERATE, Atom, Cond, Exists, Scope, classes, masks
 
@@ -164,7 +165,7 @@ class Facts:
         if self.scope is not None:
             self.bools, self.addends = masks(nodes, self.scope)
         for n in nodes:
-            self.facts[n] = self._node(n)
+            self.facts[n] = [(r, _rounded(v, n.dtype)) for r, v in self._node(n)]
             if not self.facts[n] and n in self.bools:
                 self.facts[n] = [((Atom(n, "true"),), True), ((Atom(n, "false"),), False)]
             if n in self.addends:       # tiles where the mask keeps every element run without it (codegen/ranges.py)
@@ -255,13 +256,9 @@ class Facts:
             return fs[0]
         if op == "reduce":
             return self._reduce(n, fs[0])
-        if op in ("exp", "exp2"):
-            return [(r, _exp(v, two=op == "exp2")) for r, v in fs[0]]
-        if op == "neg":
-            return [(r, -v) for r, v in fs[0]]
-        if op in ("tanh", "sigmoid"):
-            f = math.tanh if op == "tanh" else (lambda v: 1 / (1 + _exp(-v)))
-            return [(r, f(v)) for r, v in fs[0]]
+        if op in UNARY_OPS:     # the op's own meaning in float64 (run rounds it to the node's dtype): log 0 is -inf
+            f = UNARY_OPS[Op(op)].torch
+            return [(r, f(torch.tensor(float(v), dtype=torch.float64)).item()) for r, v in fs[0] if _number(v)]
         if op in ("add", "sub", "mul", "div"):
             return self._arith(op, args, fs)
         return []
@@ -576,9 +573,7 @@ def exact_sum(n: LNode) -> bool:
     return any(zero_or_inf(m) and isinstance(x, LNode) and x.dtype == n.dtype for x, m in ((a, b), (b, a)))
 
 
-def _exp(v: float, two: bool = False) -> float:
-    """e^v (2^v), inf past float's range, where Python raises (the sigmoid of a -1e9 mask fill)."""
-    try:
-        return 2.0 ** v if two else math.exp(v)
-    except OverflowError:
-        return math.inf
+def _rounded(v: Any, dtype: torch.dtype) -> Any:
+    """A constant as a node of `dtype` holds it, since eager rounds each result: fp16's p + 1e-9 is 0 where p is."""
+    ok = isinstance(v, float) and math.isfinite(v) and dtype.is_floating_point
+    return torch.tensor(v, dtype=dtype).item() if ok else v
