@@ -567,13 +567,6 @@ FOUND = [
          float_probs=True, stats=("colmaxpool", "colany"), threshold=2.0, seed=113, config=7, fill="-inf",
          mask_from="buffer", rope=True, rope_style="every_two", scale_from="closure", act="gelu", floor=True,
          eps=1e-09),
-    # bf16 scores capped at 30 as eager rounds them: the kernels' tanh, 1 - 2 / (e^2x + 1) with ex2.approx, put
-    # some one bf16 ulp (0.125 at 30) from eager's, and o came out 1.79e-2 from float64 where eager's is 1.37e-2
-    # (the H100 and H200 campaigns, bf16); on the GPU the kernels now call the tanhf eager calls
-    Spec("softmax", batch=2, heads=2, kv_heads=2, q_len=2, kv_len=17, dim=16, dtype=torch.bfloat16, layout="bshd",
-         expand="expand", scale=1.0, cap=30.0, slope=0.05, mask="causal", width=5, apply="where", float_probs=True,
-         stats=("colstd",), threshold=1.0, seed=3018, config=0, fill="-inf", mask_from="iota", gate=True,
-         pack="list", rescale=0.125, floor=True, eps=1e-09, scale_from="default"),
     # the H2O repository's floor, torch.max(s, torch.tensor(torch.finfo(s.dtype).min)), in the float64 reference:
     # the float32 tensor it makes is -inf, fully masked rows came out NaN, and the column max was held to eager's
     # bf16 one within a step, which the kernels' float32 scores miss (the CPU campaign, seed 2901); the reference
@@ -620,7 +613,7 @@ FOUND_IDS = ["colmax_fully_masked_rows", "fp16_large_scores", "bf16_linear", "si
              "sima_one_token_signs_cancel", "bf16_gelu_three_keys_a_step_apart", "bf16_gelu_floored_row_sums",
              "fp16_gelu_tanh_negative_tail", "folded_constant_dot_operand", "threshold_read_in_widened_probs",
              "rope_noise_tiles_past_shared_memory", "fixup_pass_pipelined_past_shared_memory",
-             "scalar_input_checked", "generic_length_of_one_unspecialised", "bf16_soft_cap_tanh_as_eager",
+             "scalar_input_checked", "generic_length_of_one_unspecialised",
              "float64_floor_of_its_own_range", "constant_divisor_rounded_with_its_cast",
              "fp16_epsilon_rounded_in_a_skipped_tile"]
 
@@ -636,6 +629,15 @@ OPEN_ON_GPU = [
     Spec("softmax", batch=1, heads=2, kv_heads=1, q_len=12, kv_len=55, dim=16, dtype=torch.float16, layout="bshd",
          expand="expand", cap=30.0, slope=0.05, mask="causal", width=15, apply="additive", float_probs=True,
          stats=("colvar_mean",), threshold=2.0, eps=1e-09, seed=568, config=6, mask_from="ones"),
+    # bf16 scores capped at 30 with ALiBi and a gate's running total, each rounded as eager rounds it: o 1.79e-2
+    # from float64 where eager is 1.37e-2 (bound 1.54e-2), on the H100 and the H200 alike, before and after the
+    # kernels' tanh became the tanhf eager calls (so not the tanh); under the interpreter 1.33e-2. Its cause on the
+    # GPU is not found yet (a float32 step that moves one bf16 rounding of the chain: approximate exp2, FMA
+    # contraction, the order of the gate's sum)
+    Spec("softmax", batch=2, heads=2, kv_heads=2, q_len=2, kv_len=17, dim=16, dtype=torch.bfloat16, layout="bshd",
+         expand="expand", scale=1.0, cap=30.0, slope=0.05, mask="causal", width=5, apply="where", float_probs=True,
+         stats=("colstd",), threshold=1.0, seed=3018, config=0, fill="-inf", mask_from="iota", gate=True,
+         pack="list", rescale=0.125, floor=True, eps=1e-09, scale_from="default"),
 ]
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "1") == "0"
 

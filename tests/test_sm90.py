@@ -155,9 +155,12 @@ def test_generic_kernels_take_every_length_unspecialised(tmp_path):
 
 @pytest.mark.unit
 def test_tanh_rounded_to_half_precision_calls_eagers_tanhf():
-    """A plan that rounds tanh to bf16 as eager does (the fuzz find bf16_soft_cap_tanh_as_eager: the fast form put
-    capped scores one bf16 step from eager's on the GPU) calls libdevice's tanhf through `_tanh`; gemma2's kernels,
-    whose soft cap stays in float32, keep the fast form."""
+    """A plan that rounds tanh to bf16 as eager does (the bf16 soft-cap find in test_fuzz.OPEN_ON_GPU) calls
+    libdevice's tanhf, the function eager calls, through `_tanh`; gemma2's kernels, whose soft cap stays in float32,
+    keep the fast form."""
+    import test_fuzz
+
+    import fuzz_programs
     from flashtensor.bench import programs
 
     def sources(fn, args):
@@ -165,7 +168,8 @@ def test_tanh_rounded_to_half_precision_calls_eagers_tanhf():
             (_, plan), *_ = driver.candidate_plans(fn, list(args), Options())
             return [emit_kernel(spec, CONFIGS[0]).source for spec in next(iter(plan.stages["emit"].values()))]
 
-    capped = sources(*_script().found("bf16_soft_cap_tanh_as_eager"))
+    spec = next(sp for sp in test_fuzz.OPEN_ON_GPU if sp.dtype == torch.bfloat16 and sp.cap)
+    capped = sources(fuzz_programs.flat(spec), fuzz_programs.inputs(spec))
     assert any("_tanh(" in s for s in capped) and not any("tl.exp2(2.885" in s for s in capped)
     fn, args = programs.make("gemma2_softcap", device="cpu", dtype=torch.bfloat16, **programs.SMALL)
     gemma = sources(fn, [_script()._meta(a) for a in args])
