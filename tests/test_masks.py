@@ -465,3 +465,19 @@ def test_an_epsilon_rounded_away_keeps_the_masked_tiles():
         skipped[dtype] = [r for p in ft.explain(compiled, *args).properties for r in p.skipped]
     masked = [r for r in skipped[torch.float32] if " and " not in r]      # j - i - 1 >= 0, on every row
     assert len(masked) == 1 and masked[0] not in skipped[torch.float16], skipped
+
+
+@pytest.mark.parametrize("entropy", ["entr", "xlogy"])
+def test_entropies_without_an_epsilon_fuse_and_skip_the_masked_tiles(entropy):
+    """torch.special.entr(p) and -torch.xlogy(p, p), the entropy with eager's 0 where p is 0: each lowers to
+    where(p == 0, 0, ...) (frontend/activations.py), and the facts fold p == 0 on masked keys, so those tiles are
+    skipped as for the causal softmax alone, in float32 and fp16."""
+    def fn(q, k, v):
+        s = _scores(q, k)
+        i, j = _bottom_right(s)
+        p = torch.softmax(s.masked_fill(j > i, float("-inf")), dim=-1)
+        return p @ v, (torch.special.entr(p) if entropy == "entr" else -torch.xlogy(p, p)).sum(-1)
+
+    for dtype in (torch.float32, torch.float16):
+        skipped = _skips(fn, _qkv(dtype, S, S))
+        assert len(skipped) == 1 and " and " not in skipped[0], skipped

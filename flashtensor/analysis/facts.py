@@ -32,6 +32,8 @@ Fact = tuple[Region, float]      # the node equals the constant (a float, int or
 
 IDENTITY = {"sum": 0.0, "max": -math.inf, "min": math.inf, "any": False}
 _OPS = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv}
+_TESTS = {"eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le, "gt": operator.gt,
+          "ge": operator.ge}
 
 
 def negate(h: Affine) -> Affine:
@@ -238,6 +240,8 @@ class Facts:
             h = {"ge": d, "gt": d + Affine((), -1), "le": d.scale(-1), "lt": d.scale(-1) + Affine((), -1)}[op]
             return [((h,), True), ((negate(h),), False)]
         fs = [self._const_facts(a) for a in args]
+        if op in _TESTS:        # a comparison of known constants: eager's special cases (x == 0) on masked keys
+            return _both(fs[0], fs[1], lambda a, b: _TESTS[op](a, b) if _number(a) and _number(b) else None)
         if op == "where":
             out = []
             for rc, vc in fs[0]:

@@ -96,6 +96,20 @@ def _addcmul(m: _Math, x: Node, t1: Node, t2: Node, value: float) -> Node:
     return m("add", x, m("mul", m("mul", t1, t2), float(value)))
 
 
+def _entr(m: _Math, x: Node) -> Node:
+    """eager's special.entr: -x log x where x > 0, 0 at 0, -inf below 0, NaN at NaN."""
+    edge = m("where", m.test("eq", x, 0.0), 0.0, m("where", m.test("lt", x, 0.0), -math.inf, x))
+    return m("where", m.test("gt", x, 0.0), m("neg", m("mul", x, m("log", x))), edge)
+
+
+def _xlogy(m: _Math, x: Operand, y: Operand) -> Node:
+    """eager's xlogy: x log y, and 0 where x is 0 and y is not NaN."""
+    log = m("log", y) if isinstance(y, Node) else math.log(y) if y > 0 else -math.inf if y == 0 else math.nan
+    zero = m.test("eq", x, 0.0) if not isinstance(y, Node) else m.test("logical_and", m.test("eq", x, 0.0),
+                                                                      m.test("eq", y, y))
+    return m("where", zero, 0.0, m("mul", x, log))
+
+
 def _variance(root: bool) -> Callable:
     """var / std (`correction`, 1 unless given) over dims (all where None), in float32 for half inputs."""
     def rule(b: Builder, a: list, kw: dict, s: tuple, d: torch.dtype, src: str) -> Any:
@@ -121,6 +135,9 @@ RULES: dict[Any, Callable] = {
     aten.lerp.Scalar: _pointwise(_lerp, 2, weight=0.5),
     aten.lerp.Tensor: _pointwise(_lerp, 3),
     aten.addcmul.default: _pointwise(_addcmul, 3, value=1.0),
+    aten.special_entr.default: _pointwise(_entr),
+    aten.xlogy.Tensor: _pointwise(_xlogy, 2),
+    aten.xlogy.Scalar_Other: _pointwise(_xlogy, 2),
     aten.var.correction: _variance(False),
     aten.std.correction: _variance(True),
 }
