@@ -179,6 +179,29 @@ def test_activations_give_eagers_special_values(dtype):
     assert program.launches and not program.notes, program.notes
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+def test_rounding_trig_and_log_space_ops_give_eagers_special_values(dtype):
+    """sign, hardsigmoid, mish, logaddexp, round (halves to even), floor, ceil, log10, sin, cos, entr and xlogy at
+    zeros, infinities, NaN and halves, each fused and computed in float32, rounded once. The CPU's bf16 entr rounds
+    its log to bf16 first (-1064 for entr(200), where -1059.7 rounds to -1056): there the float64 rule decides."""
+    x = torch.tensor([0., -0., INF, -INF, NAN, .5, 1.5, 2.5, -.5, -1.5, 1e-3, 6.1, -6.1, 200., -3., 1e4]).to(dtype)
+    y = torch.tensor([0., 1., INF, -INF, 2., NAN, -INF, INF, 0., .5, 3., -1., 0., 7., -3., 1.]).to(dtype)
+
+    def fn(x, y):
+        outs = (torch.sign(x), F.hardsigmoid(x), F.mish(x), torch.logaddexp(x, y), torch.round(x), torch.floor(x),
+                torch.ceil(x), torch.log10(x), torch.sin(x), torch.cos(x), torch.special.entr(x), torch.xlogy(x, y))
+        return torch.stack(outs) * 1.0, torch.stack(outs).nan_to_num().sum(dim=0)
+
+    compiled = ft.compile(fn, cache=False)
+    out, ref, exact = compiled(x, y), fn(x, y), fn(x.double(), y.double())
+    for o, r, e in zip(out, ref, exact):
+        m = compare_with_exact(o, r, e)
+        assert m.ok, m.problem
+    assert torch.equal(out[0].isnan(), ref[0].isnan()) and torch.equal(out[0].isinf(), ref[0].isinf())
+    (program,) = compiled.programs.values()
+    assert program.launches and not program.notes, program.notes
+
+
 @pytest.mark.parametrize("keepdim", [False, True])
 def test_logsumexp_gives_eagers_special_rows(keepdim):
     """Rows of -inf only (-inf), with a +inf (+inf), with a NaN (NaN), and finite rows far from 0, over one axis

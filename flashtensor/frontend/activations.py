@@ -96,6 +96,39 @@ def _addcmul(m: _Math, x: Node, t1: Node, t2: Node, value: float) -> Node:
     return m("add", x, m("mul", m("mul", t1, t2), float(value)))
 
 
+def _sign(m: _Math, x: Node) -> Node:
+    """eager's (x > 0) - (x < 0): 0 at NaN."""
+    return m("where", m.test("gt", x, 0.0), 1.0, m("where", m.test("lt", x, 0.0), -1.0, 0.0))
+
+
+def _hardsigmoid(m: _Math, x: Node) -> Node:
+    return m("div", m("minimum", m("maximum", m("add", x, 3.0), 0.0), 6.0), 6.0)
+
+
+def _mish(m: _Math, x: Node) -> Node:
+    return m("mul", x, m("tanh", m("log1p", m("exp", x))))
+
+
+def _logaddexp(m: _Math, a: Node, b: Operand) -> Node:
+    """max + log1p(exp(-|a - b|)), and a itself where a and b are the same infinity (their difference is NaN)."""
+    top = m("maximum", a, b)
+    out = m("add", top, m("log1p", m("exp", m("neg", m("abs", m("sub", a, b))))))
+    return m("where", m.test("logical_and", m.test("eq", a, b), m.test("eq", m("abs", a), math.inf)), a, out)
+
+
+def _round(m: _Math, x: Node) -> Node:
+    """To the nearest integer, halves to the even one; from 2^23 on (and infinities, NaN) x is its own."""
+    low = m("floor", x)
+    frac = m("sub", x, low)
+    odd = m("sub", low, m("mul", m("floor", m("mul", low, 0.5)), 2.0))
+    up = m("where", m.test("gt", frac, 0.5), 1.0, m("where", m.test("lt", frac, 0.5), 0.0, odd))
+    return m("where", m.test("lt", m("abs", x), 2.0 ** 23), m("add", low, up), x)
+
+
+def _log10(m: _Math, x: Node) -> Node:
+    return m("mul", m("log", x), 1 / math.log(10))
+
+
 def _entr(m: _Math, x: Node) -> Node:
     """eager's special.entr: -x log x where x > 0, 0 at 0, -inf below 0, NaN at NaN."""
     edge = m("where", m.test("eq", x, 0.0), 0.0, m("where", m.test("lt", x, 0.0), -math.inf, x))
@@ -136,6 +169,12 @@ RULES: dict[Any, Callable] = {
     aten.lerp.Tensor: _pointwise(_lerp, 3),
     aten.addcmul.default: _pointwise(_addcmul, 3, value=1.0),
     aten.special_entr.default: _pointwise(_entr),
+    aten.sign.default: _pointwise(_sign),
+    aten.hardsigmoid.default: _pointwise(_hardsigmoid),
+    aten.mish.default: _pointwise(_mish),
+    aten.logaddexp.default: _pointwise(_logaddexp, 2),
+    aten.round.default: _pointwise(_round),
+    aten.log10.default: _pointwise(_log10),
     aten.xlogy.Tensor: _pointwise(_xlogy, 2),
     aten.xlogy.Scalar_Other: _pointwise(_xlogy, 2),
     aten.var.correction: _variance(False),

@@ -52,6 +52,10 @@ class Op(enum.StrEnum):
     EXPM1 = "expm1"
     LOG1P = "log1p"
     ERF = "erf"
+    SIN = "sin"
+    COS = "cos"
+    FLOOR = "floor"
+    CEIL = "ceil"
     ADD = "add"
     SUB = "sub"
     MUL = "mul"
@@ -156,6 +160,10 @@ UNARY_OPS: dict[Op, Elementwise] = {
     Op.EXPM1: Elementwise(torch.expm1, "_expm1({})", ("expm1.default",)),
     Op.LOG1P: Elementwise(torch.log1p, "_log1p({})", ("log1p.default",)),
     Op.ERF: Elementwise(torch.erf, "tl.erf({})", ("erf.default",)),
+    Op.SIN: Elementwise(torch.sin, "tl.sin({})", ("sin.default",)),
+    Op.COS: Elementwise(torch.cos, "tl.cos({})", ("cos.default",)),
+    Op.FLOOR: Elementwise(torch.floor, "tl.floor({})", ("floor.default",)),
+    Op.CEIL: Elementwise(torch.ceil, "tl.ceil({})", ("ceil.default",)),
 }
 BINARY_OPS: dict[Op, Elementwise] = {
     Op.ADD: Elementwise(torch.add, "({} + {})", _cmp("add")),
