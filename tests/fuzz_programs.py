@@ -30,7 +30,7 @@ DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRE
 # FLASHTENSOR_FUZZ_DTYPES=fp16,bf16 restricts a campaign (a GPU campaign in half precision, say)
 _NAMED = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 DTYPES = tuple(_NAMED[d] for d in os.environ.get("FLASHTENSOR_FUZZ_DTYPES", "fp32,fp16,bf16").split(","))
-ROW_STATS = ("rowmax", "rowsum", "entropy", "rowcount", "rowmaxval", "argmax", "rowvar", "rowlse")
+ROW_STATS = ("rowmax", "rowsum", "entropy", "rowcount", "rowmaxval", "argmax", "rowvar", "rowlse", "entr")
 COL_STATS = ("colsum", "colsq", "colmax", "colany", "colcount", "colvar_mean", "colpool", "colmaxpool", "colcumsum",
              "colstd")
 # kind "sigmoid": the pointwise weights of the scores (SiLU, GELU and ReLU attention divide by the key count); GELU's
@@ -39,7 +39,8 @@ ACTS: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {
     "sigmoid": lambda s, n: torch.sigmoid(s), "silu": lambda s, n: F.silu(s) / n,
     "gelu": lambda s, n: F.gelu(s.clamp(max=1e4)) / n,
     "gelu_tanh": lambda s, n: F.gelu(s, approximate="tanh") / n, "softplus": lambda s, n: F.softplus(s) / n,
-    "relu6": lambda s, n: F.relu6(s) / n}
+    "relu6": lambda s, n: F.relu6(s) / n, "mish": lambda s, n: F.mish(s) / n,
+    "hardsigmoid": lambda s, n: F.hardsigmoid(s)}
 THRESHOLD_STATS = ("rowcount", "colany", "colcount")
 # the outputs of a statistic with more than one (the others have one, named as the statistic)
 OUTPUTS = {"colvar_mean": ("colvar", "colmean")}
@@ -242,6 +243,7 @@ def _stat(name: str, p: torch.Tensor, spec: Spec) -> tuple[torch.Tensor, ...]:
         "argmax": lambda: (p.max(dim=-1).indices,),
         "rowvar": lambda: (torch.var_mean(p, dim=-1)[0],),    # the mean output unused
         "rowlse": lambda: (torch.logsumexp(p * 4.0, dim=-1),),
+        "entr": lambda: (torch.special.entr(p).sum(dim=-1),),    # the entropy with 0 where p is 0
         "colsum": lambda: (p.sum(dim=-2),),
         "colsq": lambda: ((p * p).sum(dim=-2),),
         "colmax": lambda: (p.amax(dim=-2),),
