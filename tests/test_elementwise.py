@@ -202,6 +202,23 @@ def test_rounding_trig_and_log_space_ops_give_eagers_special_values(dtype):
     assert program.launches and not program.notes, program.notes
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_nansum_count_nonzero_and_tensor_clamps_fuse(dtype):
+    """torch.nansum (NaN as 0), torch.count_nonzero (NaN counts) and torch.clamp with tensor bounds over rows with
+    NaN, infinities and zeros, each fused."""
+    x = rand(8, 32, seed=9, dtype=dtype)
+    x[0, :5] = torch.tensor([NAN, INF, -INF, 0.0, -0.0]).to(dtype)
+    x[1, :3] = torch.tensor([NAN, NAN, 0.0]).to(dtype)
+    lo, hi = rand(8, 1, seed=10, dtype=dtype) - 1, rand(1, 32, seed=11, dtype=dtype).abs() + 0.5
+
+    def fn(x, lo, hi):
+        return torch.nansum(x, dim=-1), torch.count_nonzero(x, dim=-1), torch.clamp(x, min=lo, max=hi).sum(dim=0)
+
+    _, compiled = compiled_matches_eager(fn, (x, lo, hi))
+    (program,) = compiled.programs.values()
+    assert program.launches and not program.notes, program.notes
+
+
 @pytest.mark.parametrize("keepdim", [False, True])
 def test_logsumexp_gives_eagers_special_rows(keepdim):
     """Rows of -inf only (-inf), with a +inf (+inf), with a NaN (NaN), and finite rows far from 0, over one axis

@@ -143,6 +143,18 @@ def _xlogy(m: _Math, x: Operand, y: Operand) -> Node:
     return m("where", zero, 0.0, m("mul", x, log))
 
 
+def _clamp_tensors(b: Builder, a: list, kw: dict, s: tuple, d: torch.dtype, src: str) -> Any:
+    """clamp with tensor bounds: the maximum with the lower, then the minimum with the upper (both keep x's NaN, as
+    clamp does); bounds of another dtype stay eager."""
+    x, lo, hi = a[0], a[1] if len(a) > 1 else kw.get("min"), a[2] if len(a) > 2 else kw.get("max")
+    if x.dtype != d or any(isinstance(t, Node) and t.dtype != d for t in (lo, hi)):
+        return None
+    for op, bound in (("maximum", lo), ("minimum", hi)):
+        if bound is not None:
+            x = b.add(op, (x, bound), s, d, src)
+    return x
+
+
 def _variance(root: bool) -> Callable:
     """var / std (`correction`, 1 unless given) over dims (all where None), in float32 for half inputs."""
     def rule(b: Builder, a: list, kw: dict, s: tuple, d: torch.dtype, src: str) -> Any:
@@ -177,6 +189,7 @@ RULES: dict[Any, Callable] = {
     aten.log10.default: _pointwise(_log10),
     aten.xlogy.Tensor: _pointwise(_xlogy, 2),
     aten.xlogy.Scalar_Other: _pointwise(_xlogy, 2),
+    aten.clamp.Tensor: _clamp_tensors,
     aten.var.correction: _variance(False),
     aten.std.correction: _variance(True),
 }

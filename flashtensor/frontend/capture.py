@@ -25,7 +25,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from ..ir.graph import Builder, Graph, Node, Returns
 from ..ir.ops import ELEMENTWISE, GROUP, TENSOR, Group, scalar
 from ..ir.sizes import same
-from . import activations, layout, norms, pooling, scan
+from . import activations, layout, norms, pooling, reductions, scan
 from .checks import check_fill
 from .eager import EagerOnly, raise_if_eager_rejects, torch_logs_to_debug, whole, why_untraced
 from .scatter import copied, scatter
@@ -313,25 +313,6 @@ def _multi_opaque(b, fx, args, kw, src, live):
             for k, v in enumerate(vals)]
 
 
-def _all(b, a, kw, s, d, src):
-    """all(x) as not any(not x): the IR has one boolean reduction (bool results only; uint8 stays eager)."""
-    if d != torch.bool:
-        return None
-    nx = b.add("logical_not", (a[0],), a[0].shape, torch.bool, src)
-    return b.add("logical_not", (_reduce("any")(b, [nx, *a[1:]], kw, s, d, src),), s, d, src)
-
-
-def _reduce(kind):
-    def rule(b, args, kw, shape, dtype, src):
-        x = args[0]
-        dims = norms.dims_of(args[1] if len(args) > 1 else kw.get("dim"), len(x.shape))
-        keep = bool(args[2] if len(args) > 2 else kw.get("keepdim", False))
-        if kind == "sum" and x.dtype != dtype and x.dtype != torch.bool:
-            x = b.add("cast", (x,), x.shape, dtype, src)
-        return b.add("reduce", (x,), shape, dtype, src, kind=kind, dims=dims, keepdim=keep)
-    return rule
-
-
 def _max_dim(b, fx, args, kw, src, live):
     """max.dim / min.dim: values lower to a reduction; indices, where read, stay opaque (the IR has no argmax)."""
     x, dim = args[0], args[1]
@@ -512,11 +493,6 @@ _RULES: dict[Any, Callable] = {
     aten.where.self: lambda b, a, kw, s, d, src: b.add("where", tuple(a[:3]), s, d, src),
     aten._to_copy.default: _cast, aten.clone.default: _identity, aten.alias.default: _identity,
     aten.detach.default: _identity, aten.lift_fresh_copy.default: _identity, aten.contiguous.default: _identity,
-    aten.sum.dim_IntList: _reduce("sum"), aten.sum.default: _reduce("sum"),
-    aten.amax.default: _reduce("max"), aten.amin.default: _reduce("min"),
-    aten.max.default: _reduce("max"), aten.min.default: _reduce("min"),
-    aten.any.dim: _reduce("any"), aten.any.default: _reduce("any"), aten.any.dims: _reduce("any"),
-    aten.all.dim: _all, aten.all.default: _all, aten.all.dims: _all,
     aten.mean.dim: lambda b, a, kw, s, d, src: b.add(
         "mean", (a[0],), s, d, src, dims=norms.dims_of(a[1], len(a[0].shape)),
         keepdim=bool(a[2] if len(a) > 2 else kw.get("keepdim", False))),
@@ -570,7 +546,7 @@ _RULES: dict[Any, Callable] = {
     aten.select.int: lambda b, a, kw, s, d, src: b.add(
         "select", (a[0],), s, d, src, dim=a[1] % len(a[0].shape), index=a[2] % a[0].shape[a[1]]),
     aten.fill.Scalar: _fill, aten.fill.Tensor: _fill,
-    **layout.RULES, **pooling.RULES, **scan.RULES, **activations.RULES,
+    **layout.RULES, **pooling.RULES, **scan.RULES, **activations.RULES, **reductions.RULES,
     aten.elu.default: _with_params("elu", alpha=1.0, scale=1.0, input_scale=1.0),
     aten.nan_to_num.default: _with_params("nan_to_num", nan=None, posinf=None, neginf=None),
     aten.slice_scatter.default: scatter(False), aten.select_scatter.default: scatter(True), aten.copy.default: copied,
