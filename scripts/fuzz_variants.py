@@ -31,12 +31,10 @@ from flashtensor.testing import rel_err  # noqa: E402
 from fuzz_programs import Spec, build, inputs, invoke  # noqa: E402
 
 LIB = "tl.extra.cuda.libdevice"
-VARIANTS: dict[str, list[tuple[str, str]]] = {
-    "as built": [],
-    "libdevice exp2": [("tl.exp2(", f"{LIB}.exp2(")],
-    "libdevice log": [("tl.log(", f"{LIB}.log("), ("_log1p(", f"{LIB}.log1p(")],
-    "libdevice exp2 and log": [("tl.exp2(", f"{LIB}.exp2("), ("tl.log(", f"{LIB}.log("), ("_log1p(", f"{LIB}.log1p(")],
-}
+EXP2 = [("tl.exp2(", f"{LIB}.exp2(")]
+LOG = [("tl.log(", f"{LIB}.log("), ("_log1p(", f"{LIB}.log1p(")]
+VARIANTS: dict[str, list[tuple[str, str]]] = {"as built": [], "libdevice exp2": EXP2, "libdevice log": LOG,
+                                              "libdevice exp2 and log": EXP2 + LOG}
 
 
 def swapped(compiled: Compiled, swaps: list[tuple[str, str]]) -> None:

@@ -102,7 +102,7 @@ def _sign(m: _Math, x: Node) -> Node:
 
 
 def _hardsigmoid(m: _Math, x: Node) -> Node:
-    return m("div", m("minimum", m("maximum", m("add", x, 3.0), 0.0), 6.0), 6.0)
+    return m("div", _hardtanh(m, m("add", x, 3.0), 0.0, 6.0), 6.0)
 
 
 def _mish(m: _Math, x: Node) -> Node:
@@ -137,10 +137,10 @@ def _entr(m: _Math, x: Node) -> Node:
 
 def _xlogy(m: _Math, x: Operand, y: Operand) -> Node:
     """eager's xlogy: x log y, and 0 where x is 0 and y is not NaN."""
-    log = m("log", y) if isinstance(y, Node) else math.log(y) if y > 0 else -math.inf if y == 0 else math.nan
-    zero = m.test("eq", x, 0.0) if not isinstance(y, Node) else m.test("logical_and", m.test("eq", x, 0.0),
-                                                                      m.test("eq", y, y))
-    return m("where", zero, 0.0, m("mul", x, log))
+    if not isinstance(y, Node):         # a number: its log as torch gives it (-inf at 0, NaN below)
+        return m("where", m.test("eq", x, 0.0), 0.0, m("mul", x, torch.log(torch.tensor(float(y))).item()))
+    zero = m.test("logical_and", m.test("eq", x, 0.0), m.test("eq", y, y))
+    return m("where", zero, 0.0, m("mul", x, m("log", y)))
 
 
 def _clamp_tensors(b: Builder, a: list, kw: dict, s: tuple, d: torch.dtype, src: str) -> Any:
