@@ -17,7 +17,7 @@ from conftest import assert_close, each_partition
 from flashtensor import knobs
 from flashtensor import workloads as W
 from flashtensor.codegen.artifact import FINITE
-from flashtensor.codegen.triton_helpers import _max_nan, _max_over, _min_nan, _min_over, _scale_f16
+from flashtensor.codegen.triton_helpers import _div_as_eager, _max_nan, _max_over, _min_nan, _min_over, _scale_f16
 from flashtensor.runtime.launch import run_kernels
 
 FAMILY = ["attn", "h2o", "roco", "keyformer", "snapkv", "corm", "gemma2"]
@@ -399,6 +399,35 @@ def test_fp16_scale_split_rounds_like_eager(c):
         part = (x * lw).astype(np.float16).astype(np.float64)
         fused = (x * h + part).astype(np.float16).astype(np.float64)
     _rounds_like_eager(fused, eager, x, lo)
+
+
+@triton.jit
+def _divided_by_helper(x_ptr, out_ptr, n, C: tl.constexpr, INV: tl.constexpr, BLOCK: tl.constexpr):
+    """Every element of x through codegen.triton_helpers._div_as_eager, as generated kernels call it."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=1.0)
+    tl.store(out_ptr + offs, _div_as_eager(x, C, INV), mask=offs < n)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("c", [30.0, 3, 50.0, 0.1, -7.3])
+def test_quotient_by_a_number_rounds_as_eager(dtype, c):
+    """A quotient by a number that eager rounds to half precision runs through codegen.lower.quotient_as_eager's
+    helper: every finite value of the half type, divided in a kernel and rounded, is eager's quotient bit for bit
+    on eager's own device (on the GPU, CUDA's product with c's float32 reciprocal; under the interpreter, the
+    CPU's quotient)."""
+    import numpy as np
+
+    from flashtensor.codegen.lower import quotient_as_eager
+    inverse = (torch.tensor(1.0) / float(c)).item()
+    assert quotient_as_eager("x", c) == f"_div_as_eager(x, {float(c)!r}, {inverse!r})"
+    assert quotient_as_eager("x", True) is None
+    device = "cuda" if torch.cuda.is_available() and not knobs.interpret() else "cpu"
+    x = torch.from_numpy(np.arange(65536, dtype=np.uint16).view(np.int16).copy()).view(dtype)
+    x = x[torch.isfinite(x)].to(device)
+    out = torch.empty(x.shape, dtype=torch.float32, device=device)
+    _divided_by_helper[(triton.cdiv(x.numel(), 4096),)](x.float(), out, x.numel(), float(c), inverse, BLOCK=4096)
+    assert torch.equal(out.to(dtype), x / c)
 
 
 @triton.jit

@@ -154,10 +154,10 @@ def test_generic_kernels_take_every_length_unspecialised(tmp_path):
 
 
 @pytest.mark.unit
-def test_tanh_rounded_to_half_precision_calls_eagers_tanhf():
-    """A plan that rounds tanh to bf16 as eager does (the bf16 soft-cap find in test_fuzz.OPEN_ON_GPU) calls
-    libdevice's tanhf, the function eager calls, through `_tanh`; gemma2's kernels, whose soft cap stays in float32,
-    keep the fast form."""
+def test_ops_rounded_to_half_precision_compute_as_eagers_cuda_kernels():
+    """A plan that rounds tanh(s / 30) to bf16 as eager does (the bf16 soft-cap find in test_fuzz.OPEN_ON_GPU) calls
+    libdevice's tanhf, the function eager calls, through `_tanh`, and divides by 30 as eager's CUDA kernel does, by
+    multiplying by 30's float32 reciprocal; gemma2's kernels, whose soft cap stays in float32, keep the fast forms."""
     import test_fuzz
 
     import fuzz_programs
@@ -171,6 +171,8 @@ def test_tanh_rounded_to_half_precision_calls_eagers_tanhf():
     spec = next(sp for sp in test_fuzz.OPEN_ON_GPU if sp.dtype == torch.bfloat16 and sp.cap)
     capped = sources(fuzz_programs.flat(spec), fuzz_programs.inputs(spec))
     assert any("_tanh(" in s for s in capped) and not any("tl.exp2(2.885" in s for s in capped)
+    inverse = (torch.tensor(1.0) / 30).item()
+    assert any("_div_as_eager(" in s and f", 30.0, {inverse!r})" in s for s in capped)
     fn, args = programs.make("gemma2_softcap", device="cpu", dtype=torch.bfloat16, **programs.SMALL)
     gemma = sources(fn, [_script()._meta(a) for a in args])
-    assert not any("_tanh(" in s for s in gemma) and any("tl.exp2(2.885" in s for s in gemma)
+    assert not any("_tanh(" in s or "_div_as_eager(" in s for s in gemma) and any("tl.exp2(2.885" in s for s in gemma)

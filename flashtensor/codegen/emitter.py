@@ -19,7 +19,7 @@ from ..ir.sizes import source, symbolic, times
 from ..schedule.schedule import Factor, ScheduleError
 from . import check, forms
 from .body import Body
-from .lower import AS_EAGER, BINARY, HALF, NAN_REDUCE, TL, UNARY, contig, lit, round_to
+from .lower import AS_EAGER, BINARY, HALF, NAN_REDUCE, TL, UNARY, contig, lit, quotient_as_eager, round_to
 from .tiles import Tiles
 
 CHUNK = 32       # the piece of a chunked contraction's axis (Emitter.looped_sum)
@@ -134,7 +134,9 @@ class Emitter(Tiles):
                 lines.append(f"{out} = {alt}")
                 return out, tv
         if op in BINARY:
-            expr = BINARY[op].format(self.arg(n.args[0], tv, ctx), self.arg(n.args[1], tv, ctx))
+            a, b = self.arg(n.args[0], tv, ctx), self.arg(n.args[1], tv, ctx)
+            eager = quotient_as_eager(a, n.args[1]) if op == "div" and self.rounds(n) else None
+            expr = eager or BINARY[op].format(a, b)
             lines.append(f"{out} = " + (expr if exact_sum(n) else self.rounded(n, expr)))
             return out, tv
         if op == "reduce":

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -19,6 +19,16 @@ BINARY: dict[Op, str] = {op: e.triton for op, e in ELEMENTWISE.items() if GROUP[
 AS_EAGER: dict[Op, str] = {Op.TANH: "_tanh({})"}
 # tl.max/tl.min drop NaNs (maxnum); torch's amax/amin/maximum propagate them, so kernels reduce with these
 NAN_REDUCE = {"max": "_max_over", "min": "_min_over"}
+
+
+def quotient_as_eager(a: str, divisor: Any) -> Optional[str]:
+    """a / divisor as eager computes it, for a quotient rounded to half precision as eager rounds it: a number
+    divisor reaches eager's kernel as a CPU scalar, which CUDA's multiplies by (its float32 reciprocal, through
+    the helper); None for a divisor that is a value or a size."""
+    if isinstance(divisor, bool) or not isinstance(divisor, (int, float)) or symbolic(divisor):
+        return None
+    one, c = torch.tensor(1.0), torch.tensor(float(divisor))
+    return f"_div_as_eager({a}, {lit(float(divisor))}, {lit((one / c).item())})"
 
 
 def lit(v: Any) -> str:

@@ -40,6 +40,17 @@ def _tanh(x):
 
 
 @triton.jit
+def _div_as_eager(x, c: tl.constexpr, inv: tl.constexpr):
+    # x / c for a number c where eager rounds the quotient to half precision (lower.quotient_as_eager): eager's CUDA
+    # kernel multiplies by c's float32 reciprocal `inv` (a bit off the quotient at times, which a bf16 rounding
+    # can keep); the CPU's, which the interpreter stands beside, divides
+    if _INTERPRETED:
+        return x / c
+    else:
+        return x * inv
+
+
+@triton.jit
 def _scale_f16(x, c: tl.constexpr, hi2: tl.constexpr, lo2: tl.constexpr):
     # fp16(fp16(x) * c) for a float32 constant c, as eager rounds it. On the GPU, two elements at a time:
     # one conversion to an fp16 pair h, then h * hi + fp16(h * lo) with c = hi + lo in fp16 (hi2, lo2: each
