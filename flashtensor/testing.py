@@ -78,7 +78,7 @@ def narrowest(args: Any) -> Optional[torch.dtype]:
 
 
 def compare_with_exact(out: Any, ref: torch.Tensor, exact: torch.Tensor,
-                       computed_in: Optional[torch.dtype] = None) -> Match:
+                       computed_in: Optional[torch.dtype] = None, sources: Optional[int] = None) -> Match:
     """§6 with its float64 rule: `out` against eager's `ref`, and where a half-precision output misses eager by more
     than 2e-3 (bf16 eager is itself 3-5e-3 from the exact answer), against `exact`, the same program's output on
     float64 copies of the inputs: it passes if it is no farther from that than eager is, plus `_slack`. A float32
@@ -93,7 +93,10 @@ def compare_with_exact(out: Any, ref: torch.Tensor, exact: torch.Tensor,
     has them. Where the float64 answer is not finite but eager's is (a finfo(float64).min mask that a float32
     softmax turns into -inf), float64 says nothing: there the output is held to eager, within the tolerance or the
     distance between two results as close to a float64 answer there as eager and the output are to float64
-    elsewhere. Callers pass `exact` only where compare(out, ref) fails: float64 runs are dear."""
+    elsewhere. `sources`, where fewer than the output's elements, counts the rounded values it is made from, each
+    of which moves a part of it as one (the nonzero probabilities of p @ v: a row of one key scales by a step of p
+    where p rounds the other way): the slack is a step over the square root of that count. Callers pass `exact`
+    only where compare(out, ref) fails: float64 runs are dear."""
     m = compare(out, ref)
     if m.ok or ref.dtype not in EXACT_SLACK or not isinstance(out, torch.Tensor) or out.shape != ref.shape \
             or out.dtype != ref.dtype:
@@ -117,7 +120,8 @@ def compare_with_exact(out: Any, ref: torch.Tensor, exact: torch.Tensor,
         if err <= floor:      # no farther from float64 than eager (an output that cancels to 0 exactly, say)
             return Match(err, floor, "", "float64")
         return Match(m.error, m.tol, f"{m.problem} (eager is {floor:.1e} from float64)")
-    bound = floor + _slack(precision, int((~undefined).sum()))
+    count = int((~undefined).sum())
+    bound = floor + _slack(precision, count if sources is None else min(count, sources))
     if undefined.any():
         # held to eager there: were float64 defined, an output within `bound` of it would be within floor + bound
         # of an eager result as far from it as eager is elsewhere. Where it is defined nowhere, eager's distance

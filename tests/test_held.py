@@ -108,6 +108,16 @@ def test_compare_with_exact():
     assert bool((step != bf).all())
     assert compare_with_exact(step, bf, nowhere).ok
     assert not compare_with_exact((bf.float() * 1.05).bfloat16(), bf, nowhere).ok
+    # four rows of p @ v, each made from one probability on bf16's grid; one row's probability a step off eager's:
+    # within a step over the square root of the 4 probabilities, not of the 128 elements, and no more
+    p = 0.5 + torch.randint(0, 8, (4, 1)).double() * 2 ** -8
+    v = torch.randn(1, 32, dtype=torch.float64)
+    one_off = p.clone()
+    one_off[0] += 2 ** -8
+    ref, out, exact = (p * v).bfloat16(), (one_off * v).bfloat16(), (p + 1e-7) * v
+    assert not compare_with_exact(out, ref, exact).ok
+    assert compare_with_exact(out, ref, exact, sources=4).ok
+    assert not compare_with_exact((out.double() * 1.02).bfloat16(), ref, exact, sources=4).ok
     # there, within the distance of two results as near a float64 answer as eager is elsewhere (4e-3 each, plus
     # the slack), not within eager's own distance
     for shift, ok in ((6e-3, True), (1.2e-2, False)):
