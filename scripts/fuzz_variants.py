@@ -20,6 +20,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+# before test_fuzz imports tests/conftest.py, which defaults it to the interpreter: on a GPU that ran the plan's
+# kernels nowhere, and every variant was eager's answer
+os.environ.setdefault("TRITON_INTERPRET", "0" if torch.cuda.is_available() else "1")
 
 import test_fuzz  # noqa: E402
 
@@ -68,6 +71,9 @@ def main() -> None:
         try:
             with torch.no_grad():
                 invoke(spec, compiled, args, spec.scale)
+                progs = compiled.programs.values()
+                if not any(prog.launches for prog in progs):
+                    raise SystemExit("the plan fused nothing: " + "; ".join(n for pr in progs for n in pr.notes))
                 swapped(compiled, swaps)
                 got = test_fuzz.as_tuple(invoke(spec, compiled, args, spec.scale))[a.output]
         except Exception as e:  # noqa: BLE001 - libdevice has no interpreter form: that variant is reported, not run

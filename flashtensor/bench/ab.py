@@ -58,8 +58,10 @@ def kernel_times(prog: Program, args: tuple, rep: int) -> list[tuple[KernelSourc
     from triton.testing import do_bench
 
     from flashtensor.runtime.launch import run_kernels
-    bufs = run_kernels(prog.launches, prog.kernel_inputs([args[i] for i in prog.tensor_positions], None),
-                       args[0].device)
+    tensors = [args[i] for i in prog.tensor_positions]
+    # a base tree from before Program.kernel_inputs passed the plan's constants after the tensors
+    ins = prog.kernel_inputs(tensors, None) if hasattr(prog, "kernel_inputs") else tensors + prog.consts
+    bufs = run_kernels(prog.launches, ins, args[0].device)
     return [(la.source, do_bench(lambda: la(bufs), warmup=10, rep=rep, return_mode="median")) for la in prog.launches]
 
 
