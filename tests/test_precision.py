@@ -68,6 +68,16 @@ def attended_keys(q, k):
     return (p >= 1 / k.shape[-2]).any(dim=-2), p.sum(dim=-2, dtype=torch.float32)
 
 
+def padded_attention(q, k, v, attention_mask):
+    """Hugging Face's eager attention: scaled scores plus the 4D mask it passes (finfo.min on padded keys), a float32
+    softmax cast back, and the probability each key receives. Eager rounds s + finfo(fp16).min to -65504 for s
+    above -16 and to -inf from -16 down, so a fully masked row shares its probability among the keys whose fp16
+    score is above -16."""
+    s = torch.matmul(q, k.transpose(-1, -2)) * 0.5 + attention_mask
+    p = torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
+    return p @ v, p.sum(dim=-2)
+
+
 def _loops(fn, *shapes, dtype=torch.float16):
     args = [torch.randn(*sh, dtype=dtype) for sh in shapes]
     loops, _ = to_loops(fusable_part(decompose(capture(fn, args))))
@@ -106,6 +116,32 @@ def test_values_that_may_overflow_round():
     # scaled scores, a soft cap, a float32 softmax cast back: bounded or of the data's size
     for scale in (0.125, 1.0):
         assert _rounded(_loops(lambda q, k, v: sharp_softmax(q, k, v, 1 / scale), *QKV)) == []
+
+
+@pytest.mark.unit
+def test_the_scores_a_mask_is_added_to_round():
+    """An fp16 mask sum's other operand, back to the loads (the dot's cast, the scale), rounds in every plan; in
+    bf16, whose steps at a mask constant are too coarse for a score to cross, nothing does."""
+    shapes = QKV + [(2, 64, 64)]
+    assert _rounded(_loops(padded_attention, *shapes)) == ["cast", "mul"]
+    assert _rounded(_loops(padded_attention, *shapes, dtype=torch.bfloat16)) == []
+
+
+def test_a_fully_masked_row_keeps_eagers_step_of_the_mask():
+    """Row 0 of each batch is fully masked; its key 1 scores -31.994 in float32 and -32 once eager rounds the dot,
+    so s * 0.5 + finfo.min is -inf in eager and -65504 from the float32 score, which would share row 0's
+    probability with key 0 (score 0): eager gives key 0 all of it. The other rows are random."""
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(2, 64, 16, generator=g).half() for _ in range(3))
+    q[:, 0], k[:, :2] = 0, 0
+    q[:, 0, :3] = 1.0
+    k[:, 1, :3] = torch.tensor([-16.0, -15.9921875, -2.0 ** -9])    # float32 dot -31.994, fp16 -32
+    k[:, 2:, 0] = -40.0 - torch.rand(2, 62, generator=g)             # -inf in row 0 either way
+    mask = torch.zeros(2, 64, 64, dtype=torch.float16)
+    mask[:, 0] = torch.finfo(torch.float16).min
+    mask[:, 1:, 40:] = torch.finfo(torch.float16).min
+    (o, _), compiled = compiled_matches_eager(padded_attention, [q, k, v, mask])
+    assert torch.equal(o[:, 0], v[:, 0]) and _fused(compiled)
 
 
 @pytest.mark.unit

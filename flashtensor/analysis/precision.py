@@ -11,7 +11,8 @@ decides a result, and the kernels reproduce it, in three places:
   constant or a half input (`rounds_sum`);
 - in every plan, the values `decide` marks (`ROUNDS`): a half value whose zero decides a result (the operand
   cone of a log, a reciprocal or a square root: fp16(p + 1e-9) is 0 where p underflowed, and log gives -inf),
-  and an fp16 value that may overflow where float32 would not (analysis/ranges.py: s * s, s / 1e-3).
+  an fp16 value that may overflow where float32 would not (analysis/ranges.py: s * s, s / 1e-3), and the
+  values a mask is added to (`mask_deciding`: the step of s + finfo.min that eager rounds s into).
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ class Precision:
 
 def decide(loops: LoopGraph) -> Precision:
     """The precision policy of this program's kernels; marks the nodes every plan rounds (`ROUNDS`)."""
-    for n in zero_deciding(loops) + overflows(loops):
+    for n in zero_deciding(loops) + overflows(loops) + mask_deciding(loops):
         n.attrs[ROUNDS] = True
     narrowed = narrowed_inputs(loops)
     faithful = (any(o.dtype == torch.float32 for o in loops.outputs) and
@@ -96,9 +97,8 @@ def zero_deciding(g: LoopGraph) -> list[LNode]:
     be zero (one with no positive lower bound: fp16(var + 1e-12) may be 0, a softmax's sum is at least 1), the
     numerator over such a divisor (0 / 0 is NaN, x / 0 inf), a factor of a pole's result (0 * -inf is NaN: the
     entropy -p log(p + eps) with p underflowed; a pole of float32 data alone is infinite in eager and kernels
-    alike, and its factors are left as they are). The walk goes back to the loads through every float value,
-    since float32 arithmetic carries a zero of a half value on (a product, a cast); sums are walked through
-    but not rounded: their terms are, and a float32 sum of half values is zero only where eager's is."""
+    alike, and its factors are left as they are). A float32 sum of half values is zero only where eager's is
+    (`_cone` rounds its terms)."""
     r = Ranges(g)
     half: set[int] = set()      # values computed from half values
     roots: list[object] = []
@@ -109,6 +109,26 @@ def zero_deciding(g: LoopGraph) -> list[LNode]:
         roots += ps + ([n.args[0]] if ps and n.op == "div" else [])
         if n.op == "mul":
             roots += [n.args[i] for i in (0, 1) if _pole_of(n.args[1 - i], r, half)]
+    return _cone(roots)
+
+
+def mask_deciding(g: LoopGraph) -> list[LNode]:
+    """The half values a sum with a mask (`rounds_sum`) adds the mask to, back to the loads: eager's s + finfo.min
+    rounds s into steps of the constant's ulp (fp16: 32, and -inf from s <= -16), and a fully masked row spreads
+    its probability over the keys in the top step, so s must be eager's own half value to land in eager's step
+    (float32 scores an ulp from eager's counted one key more, in a row where eager counts none). fp16 only: its
+    steps are as fine as scores (8 at -1e4), bf16's are not (64 at -1e4, 2**120 at its finfo.min)."""
+    roots: list[object] = []
+    for n in g.nodes:
+        if n.dtype == torch.float16 and rounds_sum(n):
+            roots += [a for a in n.args if not _mask_like(a, n.dtype) and read_input(a) is None]
+    return _cone(roots)
+
+
+def _cone(roots: list[object]) -> list[LNode]:
+    """The half values the roots are computed from, roots included, back to the loads: every float value is
+    walked through, since float32 arithmetic carries a half value's rounding on (a product, a cast); sums are
+    walked through but not rounded: their terms are."""
     out: dict[int, LNode] = {}
     stack = [x for x in roots if isinstance(x, LNode)]
     while stack:

@@ -42,8 +42,8 @@ def _tanh(x):
 @triton.jit
 def _div_as_eager(x, c: tl.constexpr, inv: tl.constexpr):
     # x / c for a number c where eager rounds the quotient to half precision (lower.quotient_as_eager): eager's CUDA
-    # kernel multiplies by c's float32 reciprocal `inv` (a bit off the quotient at times, which a bf16 rounding
-    # can keep); the CPU's, which the interpreter stands beside, divides
+    # kernel multiplies by c's float32 reciprocal `inv`, where Triton's `/` is div.full.f32, two ulps off at
+    # times (a bf16 rounding can keep either); the CPU's, which the interpreter stands beside, divides exactly
     if _INTERPRETED:
         return x / c
     else:
