@@ -147,6 +147,7 @@ def check(spec: Spec, fn: Callable, args: tuple, out, ref, scale: float) -> None
     assert len(outs) == len(refs), f"{len(outs)} outputs, eager gives {len(refs)}"
     names = output_names(spec)
     exact: Optional[tuple] = None
+    sources: Optional[int] = None
     for k, (o, r) in enumerate(zip(outs, refs)):
         name = names[k] if k < len(names) else str(k)
         if name in THRESHOLD_STATS + ("argmax",) and not torch.equal(o, r):
@@ -161,8 +162,8 @@ def check(spec: Spec, fn: Callable, args: tuple, out, ref, scale: float) -> None
         m = compare(o, r)
         if not m.ok:
             if exact is None:
-                exact = exact_outputs(spec, fn, args, scale)
-            m = compare_with_exact(o, r, exact[k], computed_in=spec.dtype, sources=_sources(spec, args, scale))
+                exact, sources = exact_outputs(spec, fn, args, scale), _sources(spec, args, scale)
+            m = compare_with_exact(o, r, exact[k], computed_in=spec.dtype, sources=sources)
         assert m.ok, f"{name}: {m.problem}"
 
 

@@ -27,8 +27,8 @@ def quotient_as_eager(a: str, divisor: Any) -> Optional[str]:
     the helper); None for a divisor that is a value or a size."""
     if isinstance(divisor, bool) or not isinstance(divisor, (int, float)) or symbolic(divisor):
         return None
-    one, c = torch.tensor(1.0), torch.tensor(float(divisor))
-    return f"_div_as_eager({a}, {lit(float(divisor))}, {lit((one / c).item())})"
+    inverse = (torch.tensor(1.0) / float(divisor)).item()     # in float32, as eager's kernel takes it
+    return f"_div_as_eager({a}, {lit(float(divisor))}, {lit(inverse)})"
 
 
 def lit(v: Any) -> str:
