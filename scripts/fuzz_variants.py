@@ -1,8 +1,10 @@
 """A fuzz find whose outputs miss the contract on a GPU only: its plan's kernels as built, then with parts of
-their source swapped (Triton's fast exp2 and log for libdevice's, say), each variant's distance from eager and
-from the float64 answer, and the elements farthest from eager, so that the step which moves a rounding shows.
+their source swapped (Triton's fast exp2 and log for libdevice's, say), then as the interpreter's plan emits them
+(its dots of float32 operands rounded by hand, compiled for the GPU), with the GPU's helpers and then with the
+interpreter's; each variant's distance from eager and from the float64 answer, the contract's verdict, and the
+elements farthest from eager, so that the step which moves a rounding shows.
 
-    PYTHONPATH=$PWD python scripts/fuzz_variants.py "Spec(...)" [--output 0]
+    PYTHONPATH=$PWD python scripts/fuzz_variants.py "Spec(...)" [--output 0] [--scale 0.125]
     TRITON_DEFAULT_FP_FUSION=0 PYTHONPATH=$PWD python scripts/fuzz_variants.py "Spec(...)"   # FMA contraction off
 
 The spec is a line as the campaign logs it (tests/test_fuzz.py's failures) or a file holding one.
@@ -15,6 +17,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -27,8 +30,10 @@ os.environ.setdefault("TRITON_INTERPRET", "0" if torch.cuda.is_available() else 
 import test_fuzz  # noqa: E402
 
 import flashtensor as ft  # noqa: E402
+from flashtensor import knobs  # noqa: E402
 from flashtensor.api.compiled import Compiled  # noqa: E402
 from flashtensor.options import CONFIGS  # noqa: E402
+from flashtensor.runtime import launch  # noqa: E402
 from flashtensor.runtime.launch import Launch, load_kernel  # noqa: E402
 from flashtensor.testing import rel_err  # noqa: E402
 from fuzz_programs import Spec, build, inputs, invoke  # noqa: E402
@@ -36,8 +41,23 @@ from fuzz_programs import Spec, build, inputs, invoke  # noqa: E402
 LIB = "tl.extra.cuda.libdevice"
 EXP2 = [("tl.exp2(", f"{LIB}.exp2(")]
 LOG = [("tl.log(", f"{LIB}.log("), ("_log1p(", f"{LIB}.log1p(")]
-VARIANTS: dict[str, list[tuple[str, str]]] = {"as built": [], "libdevice exp2": EXP2, "libdevice log": LOG,
-                                              "libdevice exp2 and log": EXP2 + LOG}
+HELPERS = "flashtensor.codegen.triton_helpers"
+INTERPRETED_HELPERS = [(f"from {HELPERS} import", "from ft_helpers_interpreted import")]
+# name: (whether the plan is emitted as for the interpreter, the swaps, whether kernels launch dependent on the prior)
+VARIANTS: dict[str, tuple[bool, list[tuple[str, str]], bool]] = {
+    "as built": (False, [], True), "libdevice exp2": (False, EXP2, True), "libdevice log": (False, LOG, True),
+    "libdevice exp2 and log": (False, EXP2 + LOG, True), "no dependent launch": (False, [], False),
+    "interpreter's source": (True, [], True), "interpreter's source and helpers": (True, INTERPRETED_HELPERS, True)}
+
+
+def interpreted_helpers() -> None:
+    """The helpers module with its interpreter branches taken, importable as ft_helpers_interpreted."""
+    src = (ROOT / "flashtensor" / "codegen" / "triton_helpers.py").read_text()
+    src = src.replace("_INTERPRETED = tl.constexpr(knobs.interpret())", "_INTERPRETED = tl.constexpr(True)")
+    where = knobs.cache_dir() / "helpers"
+    where.mkdir(exist_ok=True)
+    (where / "ft_helpers_interpreted.py").write_text(src.replace("from .. import knobs\n", ""))
+    sys.path.insert(0, str(where))
 
 
 def swapped(compiled: Compiled, swaps: list[tuple[str, str]]) -> None:
@@ -57,33 +77,50 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("spec", help="a Spec(...) line, or a file holding one")
     ap.add_argument("--output", type=int, default=0, help="which output to compare")
+    ap.add_argument("--scale", type=float, help="the call's scale (the spec's by default; its rescale, say)")
+    ap.add_argument("--dump", help="save eager's, float64's and each variant's outputs (torch.save) to this file")
     a = ap.parse_args()
     text = Path(a.spec).read_text() if os.path.exists(a.spec) else a.spec
     spec = eval(text.strip(), {"Spec": Spec, "torch": torch, "inf": float("inf"), "nan": float("nan")})
     warnings.simplefilter("ignore")
     fn, args = build(spec), inputs(spec)
+    scale = spec.scale if a.scale is None else a.scale
     with torch.no_grad():
-        ref = test_fuzz.as_tuple(invoke(spec, fn, args, spec.scale))[a.output]
-        exact = test_fuzz.as_tuple(test_fuzz.exact_outputs(spec, fn, args, spec.scale))[a.output]
+        refs = invoke(spec, fn, args, scale)
+        ref = test_fuzz.as_tuple(refs)[a.output]
+        exact = test_fuzz.as_tuple(test_fuzz.exact_outputs(spec, fn, args, scale))[a.output]
     print(f"eager: {rel_err(ref, exact):.4e} from float64")
-    for name, swaps in VARIANTS.items():
+    interpreted_helpers()
+    dump: dict[str, Any] = {"eager": refs, "float64": exact}
+    dependent = launch._dependent_launch
+    for name, (interpreter_form, swaps, pdl) in VARIANTS.items():
+        launch._dependent_launch = dependent if pdl else (lambda device: False)
         compiled = ft.compile(fn, cache=False, configs=[CONFIGS[spec.config]], eager_if_faster=False)
         try:
-            with torch.no_grad():
-                invoke(spec, compiled, args, spec.scale)
+            with torch.no_grad(), knobs.override(interpret=interpreter_form or knobs.interpret()):
+                invoke(spec, compiled, args, scale)
                 progs = compiled.programs.values()
                 if not any(prog.launches for prog in progs):
                     raise SystemExit("the plan fused nothing: " + "; ".join(n for pr in progs for n in pr.notes))
                 swapped(compiled, swaps)
-                got = test_fuzz.as_tuple(invoke(spec, compiled, args, spec.scale))[a.output]
+                outs = invoke(spec, compiled, args, scale)
+                got = test_fuzz.as_tuple(outs)[a.output]
         except Exception as e:  # noqa: BLE001 - libdevice has no interpreter form: that variant is reported, not run
             print(f"{name}: {type(e).__name__}: {str(e)[:120]}")
             continue
+        dump[name] = outs
+        try:
+            test_fuzz.check(spec, fn, args, outs, refs, scale)
+            verdict = "passes"
+        except AssertionError as e:
+            verdict = f"fails ({str(e).splitlines()[0][:100]})"
         off = (got.double() - ref.double()).abs().flatten().cpu()
-        print(f"{name}: {rel_err(got, exact):.4e} from float64, {rel_err(got, ref):.4e} from eager")
+        print(f"{name}: {rel_err(got, exact):.4e} from float64, {rel_err(got, ref):.4e} from eager; {verdict}")
         for i in off.argsort(descending=True)[:4].tolist():
             print(f"    [{i}] ft {got.flatten()[i].item():.6g}  eager {ref.flatten()[i].item():.6g}  "
                   f"float64 {exact.flatten()[i].item():.6g}")
+    if a.dump:
+        torch.save(torch.utils._pytree.tree_map(lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, dump), a.dump)
 
 
 if __name__ == "__main__":
