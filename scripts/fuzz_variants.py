@@ -33,7 +33,7 @@ import flashtensor as ft  # noqa: E402
 from flashtensor import knobs  # noqa: E402
 from flashtensor.api.compiled import Compiled  # noqa: E402
 from flashtensor.options import CONFIGS  # noqa: E402
-from flashtensor.runtime import launch  # noqa: E402
+from flashtensor.runtime import launch, plan  # noqa: E402
 from flashtensor.runtime.launch import Launch, load_kernel  # noqa: E402
 from flashtensor.testing import rel_err  # noqa: E402
 from fuzz_programs import Spec, build, inputs, invoke  # noqa: E402
@@ -92,10 +92,20 @@ def main() -> None:
     print(f"eager: {rel_err(ref, exact):.4e} from float64")
     interpreted_helpers()
     dump: dict[str, Any] = {"eager": refs, "float64": exact}
-    dependent = launch._dependent_launch
+    dependent, run_kernels = launch._dependent_launch, plan.run_kernels
+    buffers: dict[str, Any] = {}
+
+    def kept(*call: Any, **kw: Any) -> dict:
+        """run_kernels, its buffers kept for the dump"""
+        bufs = run_kernels(*call, **kw)
+        buffers.update({str(k): b.cpu() for k, b in bufs.items() if isinstance(b, torch.Tensor)})
+        return bufs
+
+    plan.run_kernels = kept
     for name, (interpreter_form, swaps, pdl) in VARIANTS.items():
         launch._dependent_launch = dependent if pdl else (lambda device: False)
         compiled = ft.compile(fn, cache=False, configs=[CONFIGS[spec.config]], eager_if_faster=False)
+        buffers.clear()
         try:
             with torch.no_grad(), knobs.override(interpret=interpreter_form or knobs.interpret()):
                 invoke(spec, compiled, args, scale)
@@ -109,6 +119,7 @@ def main() -> None:
             print(f"{name}: {type(e).__name__}: {str(e)[:120]}")
             continue
         dump[name] = outs
+        dump[name + " buffers"] = dict(buffers)
         try:
             test_fuzz.check(spec, fn, args, outs, refs, scale)
             verdict = "passes"

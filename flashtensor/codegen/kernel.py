@@ -106,4 +106,5 @@ def emit_kernel(spec: KernelSpec, cfg: TileConfig) -> KernelSource:
     blocks = {str(v): em.blk[v] for v in em.blk}
     return KernelSource(spec.name, src, [plain_shape(b) for b in buffers], (python(programs),), cfg.num_warps,
                         cfg.num_stages, blocks, bool(s.skip or s.special or s.runtime), c.slots > 0,
-                        spec.fixup_programs, size_args, pre, python(em.splits), comb, sorted(set(em.limits)))
+                        spec.fixup_programs, size_args, pre, python(em.splits), comb, sorted(set(em.limits)),
+                        not em.rounded_product)

@@ -58,6 +58,7 @@ class Tiles(abc.ABC):
         self.splits: Size = 1       # programs per row tile, each over a piece of the loop (split.py)
         self.limits: list[str] = []     # the tile offsets' reach in a shape-generic kernel (see `offset`)
         self.loaded: list[tuple[list[Var], int]] = []     # each tile load emitted: its variables, bytes an element
+        self.rounded_product = False    # a product rounded to a half type (`rounded`): built without FMA contraction
         # while a contraction's operands are emitted a piece of a variable at a time (emitter.looped_sum): that
         # variable, the body of its loop, the body the contraction itself is in, and whether the pieces are single
         # values (a scalar index) rather than chunks of its axis
@@ -224,6 +225,7 @@ class Tiles(abc.ABC):
         mask makes it coarse (precision.saturates)."""
         if not self.rounds(n):
             return expr
+        self.rounded_product |= n.op == "mul"
         coarse = 0.0 if id(n) in self.undotted else precision.saturates(n, self.faithful)
         if coarse:
             return f"tl.where(tl.abs({expr}) >= {lit(coarse)}, {round_to(n.dtype, expr)}, {expr})"
