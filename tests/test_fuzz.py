@@ -627,6 +627,25 @@ FOUND = [
          plant=0.0, seed=65535, config=8, fill='-1e9', mask_from='ones', pad=0, rope=True,
          rope_style='interleaved', rope_by='index', scores_by='matmul', gate=True, eps=1e-06, pack='args',
          scale_from='closure', rescale=None, grad=False, act='gelu_tanh', floor=True, sink=False),
+    # three programs capped at 30 whose kernels round each step of the chain as eager does (fp16 with a column
+    # variance; bf16 with ALiBi and a gate's running total; bf16 with ALiBi at its second call's scale), each a
+    # bf16 or fp16 step from eager on the H100 and the H200 (the bf16 one o 1.79e-2 from float64 where eager is
+    # 1.37e-2) and not under the interpreter. LLVM had made round(round(t * 30) + alibi) one half-precision FMA,
+    # skipping the product's rounding (TRITON_DEFAULT_FP_FUSION=0 gave the interpreter's answers); a kernel that
+    # rounds a product as eager is built without contraction (KernelSource.contract; test_sm90 checks its PTX)
+    Spec("softmax", batch=1, heads=2, kv_heads=1, q_len=12, kv_len=55, dim=16, dtype=torch.float16, layout="bshd",
+         expand="expand", cap=30.0, slope=0.05, mask="causal", width=15, apply="additive", float_probs=True,
+         stats=("colvar_mean",), threshold=2.0, eps=1e-09, seed=568, config=6, mask_from="ones"),
+    Spec("softmax", batch=2, heads=2, kv_heads=2, q_len=2, kv_len=17, dim=16, dtype=torch.bfloat16, layout="bshd",
+         expand="expand", scale=1.0, cap=30.0, slope=0.05, mask="causal", width=5, apply="where", float_probs=True,
+         stats=("colstd",), threshold=1.0, seed=3018, config=0, fill="-inf", mask_from="iota", gate=True,
+         pack="list", rescale=0.125, floor=True, eps=1e-09, scale_from="default"),
+    Spec(kind='softmax', batch=2, heads=2, kv_heads=2, q_len=9, kv_len=37, dim=32, dtype=torch.bfloat16,
+         layout='bshd', expand='repeat_interleave', scale=0.25, cap=30.0, slope=-0.5, mask='none', width=34,
+         apply='additive', float_probs=True, stats=('colsum', 'entr'), threshold=2.0, feature='ea',
+         cast_inside=True, noise=False, plant=None, seed=4261, config=9, fill='-inf', mask_from='buffer', pad=0,
+         rope=False, rope_style='half', rope_by='slice', scores_by='matmul', gate=False, eps=1e-09, pack='dict',
+         scale_from='global', rescale=0.125, grad=False, act='sigmoid', floor=False, sink=False),
 ]
 
 
@@ -647,42 +666,14 @@ FOUND_IDS = ["colmax_fully_masked_rows", "fp16_large_scores", "bf16_linear", "si
              "scalar_input_checked", "generic_length_of_one_unspecialised",
              "float64_floor_of_its_own_range", "constant_divisor_rounded_with_its_cast",
              "fp16_epsilon_rounded_in_a_skipped_tile", "fp16_fully_masked_row_steps_of_the_mask",
-             "one_key_rows_round_p_apart"]
+             "one_key_rows_round_p_apart", "fp16_capped_product_fused", "bf16_capped_product_fused",
+             "bf16_capped_alibi_product_fused"]
 
 # Finds not fixed yet, each failing as the comment says (a strict xfail: the test fails once one passes, and it
 # then moves to FOUND); the campaign skips them, so that it reports new failures.
 OPEN: list[Spec] = []
 # on the GPU only, failing as said there (the campaign skips them there)
-OPEN_ON_GPU = [
-    # fp16 with scores capped at 30 (the whole chain rounded as eager rounds it: a faithful plan), on the H200 at
-    # configuration 6 (two stages, head dim 16): the float32 column variance 7.46e-03 from float64 where eager's
-    # is 2.50e-03; it passes under the interpreter. Still failing on the H200 (2026-12-06), as the bf16 find below
-    Spec("softmax", batch=1, heads=2, kv_heads=1, q_len=12, kv_len=55, dim=16, dtype=torch.float16, layout="bshd",
-         expand="expand", cap=30.0, slope=0.05, mask="causal", width=15, apply="additive", float_probs=True,
-         stats=("colvar_mean",), threshold=2.0, eps=1e-09, seed=568, config=6, mask_from="ones"),
-    # bf16 scores capped at 30 with ALiBi and a gate's running total, each rounded as eager rounds it: o 1.79e-2
-    # from float64 where eager is 1.37e-2 (bound 1.54e-2), on the H100 and the H200 alike (last on the H200 on
-    # 2026-12-06), before and after the kernels' tanh became the tanhf eager calls; under the interpreter 1.33e-2.
-    # Not the float32 steps the GPU computes otherwise than the interpreter: under the interpreter, changing the
-    # kernels' quotients, exp2, log1p or tanh by two ulps, or its score dots by 2^-20, leaves o unmoved (a
-    # control of 2^-7 moves it), so the GPU's difference is larger than a float32 ulp (Triton's `/` is
-    # div.full.f32 on sm_90; the quotient by the cap now multiplies by its reciprocal, as eager's CUDA kernel
-    # does). Next: the plan's kernels on the GPU, variant by variant (scripts/fuzz_variants.py)
-    Spec("softmax", batch=2, heads=2, kv_heads=2, q_len=2, kv_len=17, dim=16, dtype=torch.bfloat16, layout="bshd",
-         expand="expand", scale=1.0, cap=30.0, slope=0.05, mask="causal", width=5, apply="where", float_probs=True,
-         stats=("colstd",), threshold=1.0, seed=3018, config=0, fill="-inf", mask_from="iota", gate=True,
-         pack="list", rescale=0.125, floor=True, eps=1e-09, scale_from="default"),
-    # bf16 scores capped at 30 with ALiBi of slope -0.5, 9 queries of 37 keys: o 1.707e-2 from float64 where eager is
-    # 1.574e-2 (bound 1.697e-2), and at a resized shape the column sums 1.613e-2 against eager's 1.434e-2, on the
-    # H200 (2026-12-06), at the second call's scale (0.125: eager's 1.574e-2 is the CPU's too); it passes under
-    # the interpreter, and two-ulp changes of its quotients, exp2, log1p and tanh do not move it there either
-    Spec(kind='softmax', batch=2, heads=2, kv_heads=2, q_len=9, kv_len=37, dim=32, dtype=torch.bfloat16,
-         layout='bshd', expand='repeat_interleave', scale=0.25, cap=30.0, slope=-0.5, mask='none', width=34,
-         apply='additive', float_probs=True, stats=('colsum', 'entr'), threshold=2.0, feature='ea',
-         cast_inside=True, noise=False, plant=None, seed=4261, config=9, fill='-inf', mask_from='buffer', pad=0,
-         rope=False, rope_style='half', rope_by='slice', scores_by='matmul', gate=False, eps=1e-09, pack='dict',
-         scale_from='global', rescale=0.125, grad=False, act='sigmoid', floor=False, sink=False),
-]
+OPEN_ON_GPU: list[Spec] = []
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "1") == "0"
 
 

@@ -157,7 +157,7 @@ def test_generic_kernels_take_every_length_unspecialised(tmp_path):
 
 @pytest.mark.unit
 def test_ops_rounded_to_half_precision_compute_as_eagers_cuda_kernels():
-    """A plan that rounds tanh(s / 30) to bf16 as eager does (the bf16 soft-cap find in test_fuzz.OPEN_ON_GPU) calls
+    """A plan that rounds tanh(s / 30) to bf16 as eager does (the bf16 soft-cap find in test_fuzz.FOUND) calls
     libdevice's tanhf, the function eager calls, through `_tanh`, and divides by 30 as eager's CUDA kernel does, by
     multiplying by 30's float32 reciprocal; gemma2's kernels, whose soft cap stays in float32, keep the fast forms."""
     capped = [k.source for k in _gpu_kernels(*_capped_find())]
@@ -213,11 +213,11 @@ def _gpu_kernels(fn: Any, args: Any) -> list:
 
 
 def _capped_find() -> tuple[Any, Any]:
-    """The bf16 soft-cap find of test_fuzz.OPEN_ON_GPU, as a function and its inputs."""
+    """The bf16 soft-cap find of test_fuzz.FOUND, as a function and its inputs."""
     import test_fuzz
 
     import fuzz_programs
-    spec = next(sp for sp in test_fuzz.OPEN_ON_GPU if sp.dtype == torch.bfloat16 and sp.cap)
+    spec = test_fuzz.FOUND[test_fuzz.FOUND_IDS.index("bf16_capped_product_fused")]
     return fuzz_programs.flat(spec), fuzz_programs.inputs(spec)
 
 
