@@ -186,6 +186,18 @@ def test_kernels_that_round_as_eager_fuse_no_multiply_with_an_add():
     assert rounding and as_built == 0 and contracted > 0 and gemma_contracts
 
 
+@pytest.mark.unit
+def test_a_kernel_that_rounds_a_product_launches_without_contraction():
+    """The launch passes KernelSource.contract to Triton as enable_fp_fusion, a compile option of the launch."""
+    from flashtensor.runtime.launch import Launch, load_kernel
+
+    kernels = _gpu_kernels(*_capped_find())
+    for k in kernels:
+        *_, main = Launch(k, load_kernel(k))._steps({}, torch.device("cpu"), False, False)
+        assert main.options["enable_fp_fusion"] is k.contract
+    assert {k.contract for k in kernels} == {True, False}
+
+
 def _half_fmas() -> tuple[int, int, int, bool]:
     """For the bf16 soft-cap find's kernels that round a product (built without contraction): how many there are,
     their half-precision FMAs as built and as contraction would build them; and whether gemma2's kernels contract."""
