@@ -23,7 +23,7 @@ import sys
 import tempfile
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -138,15 +138,16 @@ def shared_bytes(fn: Any, args: tuple, cfg: Any) -> list[int]:
     (MODE 0)."""
     where = Path(tempfile.mkdtemp(prefix="sm90-"))
     (_, plan), *_ = driver.candidate_plans(fn, list(args), Options())
-    out = []
-    for spec in next(iter(plan.stages["emit"].values())):
-        src = emit_kernel(spec, cfg)
-        path = where / f"{src.name}.py"
-        path.write_text(src.source)
-        kernel = _sm90(getattr(_compiled_module(path), src.name), _signature(src.buffers, src.sizes), {"MODE": 0},
-                       src.num_warps, src.num_stages, src.contract)
-        out.append(kernel.metadata.shared)
-    return out
+    return [built(emit_kernel(spec, cfg), where).metadata.shared for spec in next(iter(plan.stages["emit"].values()))]
+
+
+def built(src: Any, where: Path, contract: Optional[bool] = None) -> Any:
+    """The KernelSource's kernel (MODE 0) compiled for sm_90 from a file it writes in `where`, with FMA contraction
+    as the source says unless `contract` is given."""
+    path = where / f"{src.name}_{abs(hash(src.source))}.py"
+    path.write_text(src.source)
+    return _sm90(getattr(_compiled_module(path), src.name), _signature(src.buffers, src.sizes), {"MODE": 0},
+                 src.num_warps, src.num_stages, src.contract if contract is None else contract)
 
 
 def found(name: str) -> tuple[Any, tuple]:

@@ -101,7 +101,8 @@ def main() -> None:
         buffers.update({str(k): b.cpu() for k, b in bufs.items() if isinstance(b, torch.Tensor)})
         return bufs
 
-    plan.run_kernels = kept
+    if a.dump:
+        plan.run_kernels = kept
     for name, (interpreter_form, swaps, pdl) in VARIANTS.items():
         launch._dependent_launch = dependent if pdl else (lambda device: False)
         compiled = ft.compile(fn, cache=False, configs=[CONFIGS[spec.config]], eager_if_faster=False)

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 import torch
@@ -204,16 +204,11 @@ def _half_fmas() -> tuple[int, int, int, bool]:
     script = _script()
     where = Path(tempfile.mkdtemp(prefix="sm90-"))
 
-    def fmas(k: Any, contract: bool) -> int:
-        path = where / f"{k.name}_{abs(hash(k.source))}.py"
-        path.write_text(k.source)
-        fn = getattr(script._compiled_module(path), k.name)
-        types = script._signature(k.buffers, k.sizes)
-        ptx = script._sm90(fn, types, {"MODE": 0}, k.num_warps, k.num_stages, contract).asm["ptx"]
-        return len(re.findall(r"\bfma\.rn\.(?:bf16|f16)", ptx))
+    def fmas(k: Any, contract: Optional[bool] = None) -> int:
+        return len(re.findall(r"\bfma\.rn\.(?:bf16|f16)", script.built(k, where, contract).asm["ptx"]))
 
     rounding = [k for k in _gpu_kernels(*_capped_find()) if not k.contract]
-    return (len(rounding), sum(fmas(k, k.contract) for k in rounding), sum(fmas(k, True) for k in rounding),
+    return (len(rounding), sum(fmas(k) for k in rounding), sum(fmas(k, True) for k in rounding),
             all(k.contract for k in _gpu_kernels(*_gemma2())))
 
 
