@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from conftest import rel_err
 from flashtensor import workloads
+from flashtensor.analysis.facts import Facts
 from flashtensor.frontend.capture import capture
 from flashtensor.ir.loops import evaluate_loops
 from flashtensor.partition.fusable import fusable_part
@@ -197,3 +198,27 @@ def test_a_huge_constant_through_a_maximum_or_product_is_not_scaled_past_float32
     out = evaluate_loops(fold_exp2(loops, through_half=True), ins)[0]
     assert torch.isfinite(out).all()
     assert rel_err(out, fn(*args)) < 1e-6
+
+
+def test_a_half_value_times_log2e_is_a_float32_value():
+    """fp16's finfo.min times log2 e is past fp16's range. The select that holds the scaled mask constant is
+    computed unrounded, so it is a float32 value: had it kept fp16, the facts (which round a constant to its node's
+    type) would make it -inf, and the tiles past the diagonal would fold to 0 on rows that padding masks
+    wholly, where eager's row is uniform over every key (the held program left_padding on the GPU)."""
+    def fn(q, k):
+        causal = torch.arange(24)[None, :] > torch.arange(24)[:, None]
+        s = (q @ k.transpose(-1, -2) * 0.25).masked_fill(causal, torch.finfo(q.dtype).min)
+        return torch.softmax(s, dim=-1, dtype=torch.float32)
+
+    g = torch.Generator().manual_seed(4)
+    q, k = (torch.randn(2, 24, 16, generator=g).half() for _ in range(2))
+    loops, ins = _loops(fn, (q, k))
+    folded = fold_exp2(loops, through_half=True)
+    facts = Facts().run(folded.nodes)
+    held = [(n.dtype, c) for n in folded.nodes if n.dtype.is_floating_point
+            for c in [n.attrs.get("value")] + list(n.args) if isinstance(c, float) and math.isfinite(c)]
+    assert any(c == torch.finfo(torch.float16).min * LOG2E for _, c in held), held
+    assert all(abs(c) <= torch.finfo(dt).max for dt, c in held), held
+    fills = [v for n in folded.nodes if n.op == "where" for _, v in facts.of(n) if isinstance(v, float)]
+    assert fills and all(math.isfinite(v) for v in fills), fills
+    _check(loops, folded, ins, 2e-3)        # the folded scores are not rounded to fp16 (through_half)

@@ -304,6 +304,18 @@ def test_padded_rows_at_a_length_off_the_tiles(length):
     assert prog.kernels[0].prologues, prog.notes                       # the padding's ranges found at run time
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_padded_rows_keep_the_folded_keys_in_half_precision(dtype):
+    """Left-padded rows in fp16 and bf16 at tiles that fold the keys past the diagonal (masked_fill's finfo.min,
+    a compile-time region): eager's padded rows are uniform over every key, those tiles' too. In fp16 the folded
+    constant, finfo.min times log2 e, once rounded to -inf in the facts, and those rows dropped every key past
+    their diagonal tile (the held program left_padding on the GPU, 5.8 from eager)."""
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(B, H, S, D, generator=g).to(dtype) for _ in range(3))
+    mask = (torch.arange(S)[None, :] >= torch.tensor([[20], [3]])).long()
+    _compiled(extended_mask_attention, (q, k, v, mask))      # matches eager
+
+
 @pytest.mark.parametrize("mask", ["causal", "left_padding"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_column_sums_skip_by_ranges_over_query_tiles(mask, dtype):

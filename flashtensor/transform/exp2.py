@@ -71,6 +71,7 @@ class _Folder:
 
     def _scale(self, x: LNode, c: float) -> LNode:
         op, a = x.op, x.args
+        dt = _wide(x.dtype)
         if self.opaque_to_scaling(x) or not x.dtype.is_floating_point:
             return self.node("mul", (x, c), torch.float32)
         if op in ("mul", "div") and _const(a[1]) is not None or op == "mul" and _const(a[0]) is not None:
@@ -79,20 +80,20 @@ class _Folder:
             if isinstance(other, LNode) and other.dtype == x.dtype and k != 0 and math.isfinite(k):
                 return self.scale(other, k * c)
         if op in ("add", "sub"):
-            return self.factored(op, self.scale(a[0], c), self.scale(a[1], c), x.dtype)
+            return self.factored(op, self.scale(a[0], c), self.scale(a[1], c), dt)
         if op == "neg":
-            return self.node("neg", (self.scale(a[0], c),), x.dtype)
+            return self.node("neg", (self.scale(a[0], c),), dt)
         if op == "where":
-            return self.node("where", (a[0], self.scale(a[1], c), self.scale(a[2], c)), x.dtype)
+            return self.node("where", (a[0], self.scale(a[1], c), self.scale(a[2], c)), dt)
         if op == "scalar":
-            return self.node("scalar", (), x.dtype, value=float(x.attrs["value"]) * c)
+            return self.node("scalar", (), dt, value=float(x.attrs["value"]) * c)
         if op == "log" and x.dtype == torch.float32:     # log x * c = log2 x * (c ln 2), under an exp
             lg = self.node("log2_approx", (a[0],), x.dtype)
             k = c * math.log(2.0)
             return lg if abs(k - 1.0) < 1e-15 else self.node("mul", (lg, k), x.dtype)
         if op == "cast" and a[0].dtype.is_floating_point and not self.opaque_to_scaling(a[0]):
-            return self.node("cast", (self.scale(a[0], c),), x.dtype)
-        return self.node("mul", (x, c), x.dtype)
+            return self.node("cast", (self.scale(a[0], c),), dt)
+        return self.node("mul", (x, c), dt)
 
     def factored(self, op: str, left, right, dtype: torch.dtype) -> LNode:
         """left op right, where both still carry a multiply by a constant (k1 > 0 on the left), as
@@ -109,18 +110,24 @@ class _Folder:
     def rewrite(self, n: LNode, feeds_exp: set[int]) -> LNode:
         args = tuple(self.new[id(a)] if isinstance(a, LNode) else a for a in n.args)
         if n.op == "exp" and id(n) in self.unscalable:
-            return self.node("exp2", (self.node("mul", (args[0], LOG2E), args[0].dtype),), n.dtype, **n.attrs)
+            return self.node("exp2", (self.node("mul", (args[0], LOG2E), _wide(args[0].dtype)),), n.dtype, **n.attrs)
         if n.op == "exp":
             return self.node("exp2", (self.scale(args[0]),), n.dtype, **n.attrs)
         if id(n) in feeds_exp:
             # a max or min under an exp: kept over the scaled values; its other readers divide back
-            red = self.node("reduce", (self.scale(args[0]),), n.dtype, **n.attrs)
+            red = self.node("reduce", (self.scale(args[0]),), _wide(n.dtype), **n.attrs)
             out = self.node("mul", (red, 1.0 / LOG2E), n.dtype)
             self.scaled[id(out)] = red
             return out
         if all(x is y for x, y in zip(args, n.args)):
             return n
         return self.node(n.op, args, n.dtype, **n.attrs)
+
+
+def _wide(dtype: torch.dtype) -> torch.dtype:
+    """The type of a value times log2 e: float32 for a half one, which the kernels compute unrounded and which may
+    pass the half type's range (fp16's finfo.min times log2 e); a fact rounded to fp16 there would be -inf."""
+    return torch.float32 if dtype in _HALF else dtype
 
 
 def _opaque(x: LNode, through_half: bool) -> bool:
