@@ -32,11 +32,10 @@ import test_fuzz  # noqa: E402
 import flashtensor as ft  # noqa: E402
 from flashtensor import knobs  # noqa: E402
 from flashtensor.api.compiled import Compiled  # noqa: E402
-from flashtensor.options import CONFIGS  # noqa: E402
 from flashtensor.runtime import launch, plan  # noqa: E402
 from flashtensor.runtime.launch import Launch, load_kernel  # noqa: E402
 from flashtensor.testing import rel_err  # noqa: E402
-from fuzz_programs import Spec, build, inputs, invoke  # noqa: E402
+from fuzz_programs import TILES, Spec, build, inputs, invoke  # noqa: E402
 
 LIB = "tl.extra.cuda.libdevice"
 EXP2 = [("tl.exp2(", f"{LIB}.exp2(")]
@@ -105,7 +104,7 @@ def main() -> None:
         plan.run_kernels = kept
     for name, (interpreter_form, swaps, pdl) in VARIANTS.items():
         launch._dependent_launch = dependent if pdl else (lambda device: False)
-        compiled = ft.compile(fn, cache=False, configs=[CONFIGS[spec.config]], eager_if_faster=False)
+        compiled = ft.compile(fn, cache=False, configs=[TILES[spec.config]], eager_if_faster=False)
         buffers.clear()
         try:
             with torch.no_grad(), knobs.override(interpret=interpreter_form or knobs.interpret()):

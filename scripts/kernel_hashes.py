@@ -1,9 +1,11 @@
-"""Hash every kernel the compiler generates for the reference workloads and the fuzzer's finds.
+"""Hash every kernel the compiler generates for the reference workloads, the held programs and the fuzzer's finds.
 
 For each of the nine workloads (small shapes in float32, the paper's shapes in fp16 on meta tensors: nothing
-runs), every partition candidate, every kernel and every tile configuration, it emits the Triton source and
-records a SHA-256 of the kernel's body (the `@triton.jit` function; loop variables renamed in order of first
-use, since their numbers come from a process-wide counter) with its grid, blocks, warps, stages and buffers.
+runs), each held program (flashtensor/bench/programs.py, small shapes in fp16 and bf16) and each find, every
+partition candidate, every kernel and every tile configuration, it emits the Triton source and records a SHA-256
+of the kernel's body (the `@triton.jit` function; loop variables renamed in order of first use, since their
+numbers come from a process-wide counter) with its grid, blocks, warps, stages and buffers.
+
 A change to the compiler that should leave kernels alone is checked by comparing two runs:
 
     TRITON_INTERPRET=1 .venv/bin/python scripts/kernel_hashes.py before.json     # at the old commit
@@ -27,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from flashtensor import driver, workloads  # noqa: E402
+from flashtensor.bench import programs  # noqa: E402
 from flashtensor.codegen.kernel import emit_kernel  # noqa: E402
 from flashtensor.options import CONFIGS  # noqa: E402
 
@@ -84,6 +87,10 @@ def main() -> int:
         fn, args = workloads.make(name, device="cpu", dtype=torch.float32, **workloads.SMALL)
         kernels(f"{name}/small", fn, list(args), out)
         kernels(f"{name}/paper", *_paper(name), out)
+    for name in programs.NAMES:
+        for dtype in (torch.float16, torch.bfloat16):
+            fn, args = programs.make(name, device="cpu", dtype=dtype, **programs.SMALL)
+            kernels(f"held/{name}/{str(dtype)[6:]}", fn, list(args), out)
     for fid, spec in zip(test_fuzz.FOUND_IDS, test_fuzz.FOUND):
         kernels(f"fuzz/{fid}", fuzz_programs.flat(spec), list(fuzz_programs.inputs(spec)), out)
     text = json.dumps(out, indent=1, sort_keys=True)

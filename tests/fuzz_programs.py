@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import strategies as st
 
-from flashtensor.options import CONFIGS
+from flashtensor.options import CONFIGS, TileConfig
 
 # on a GPU machine (no interpreter) the programs run as compiled kernels on the GPU
 DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
@@ -46,6 +46,11 @@ THRESHOLD_STATS = ("rowcount", "colany", "colcount")
 OUTPUTS = {"colvar_mean": ("colvar", "colmean")}
 
 SCALE = 1.0       # the module global that a program with scale_from "global" reads (invoke sets it)
+
+# the tuner's configurations, then smaller tiles: at the fuzzer's lengths (at most 80) only these leave a row tile
+# with tiles wholly past its diagonal (folded or skipped) and fully masked rows in it, as 4096 tokens do with the
+# tuner's tiles (the held program left_padding on the GPU)
+TILES = (*CONFIGS, TileConfig(32, 16, 4, 2), TileConfig(16, 32, 4, 2))
 
 
 @dataclass(frozen=True)
@@ -75,11 +80,13 @@ class Spec:
     noise: bool = False               # softmax/sigmoid: scores plus -log(u) for a float32 input u (KeyFormer's)
     plant: Optional[float] = None     # a value put in u at one place (0, -1, NaN, a subnormal, inf)
     seed: int = 0
-    config: int = 0                   # the tuner config its kernels use: an index into autotune.CONFIGS
+    config: int = 0                   # the tile config its kernels use: an index into TILES
     fill: str = "-inf"                # the masked scores' value: -inf | finfo (torch.finfo(dtype).min) | -1e9
     mask_from: str = "iota"           # iota (index comparisons) | ones (torch.ones(Sq, Skv, dtype=bool).triu/tril)
     #                                   | buffer (a captured bool matrix of every position, sliced as GPT-2 does)
-    pad: int = 0                      # apply "input": each sequence's keys left-padded by up to this many
+    pad: int = 0                      # apply "input" or padding: each sequence's keys left-padded by up to this many
+    padding: bool = False             # a (B, Skv) 0/1 mask of kept keys passed in, added as transformers'
+    #                                   get_extended_attention_mask does, (1 - m) * finfo.min, before `mask` is applied
     rope: bool = False                # q and k rotated by rotate_half (slices and torch.cat), cos/sin as inputs
     rope_style: str = "half"          # half (rotate_half) | every_two (GPT-J's step-2 slices, stacked, flattened)
     #                                   | interleaved (DeepSeek-V3's: channels de-interleaved, then rotate_half)
@@ -113,7 +120,7 @@ def output_names(spec: Spec) -> tuple[str, ...]:
 
 def extra_names(spec: Spec) -> tuple[str, ...]:
     """The inputs after q, k and v, in the order the program takes them."""
-    return ("u",) * spec.noise + ("mask",) * (spec.apply == "input") + ("cos", "sin") * spec.rope + \
+    return ("u",) * spec.noise + ("mask",) * (spec.apply == "input" or spec.padding) + ("cos", "sin") * spec.rope + \
         ("position_ids",) * (spec.rope and spec.rope_by == "index") + ("gate",) * spec.gate + ("sinks",) * spec.sink
 
 
@@ -208,6 +215,8 @@ def probabilities(spec: Spec, q: torch.Tensor, k: torch.Tensor, extra: dict, sca
     if "gate" in extra:     # queries sit at the last sq of the keys' positions
         c = torch.cumsum(F.logsigmoid(extra["gate"]), dim=-1)
         s = s + (c[..., sk - sq:, None] - c[..., None, :]).to(s.dtype)
+    if spec.padding:
+        s = s + (1.0 - extra["mask"][:, None, None, :].to(s.dtype)) * torch.finfo(s.dtype).min
     m = masked(spec, *s.shape[-2:], q.device) if spec.apply != "input" else None
     if spec.apply == "input":
         s = s + extra["mask"]
@@ -359,6 +368,11 @@ def inputs(spec: Spec) -> tuple[torch.Tensor, ...]:
         for b, pad in enumerate(torch.randint(0, spec.pad + 1, (spec.batch,), generator=g).tolist()):
             keep[b, ..., :pad] = False
         out.append(((1.0 - keep.to(spec.dtype)) * torch.finfo(spec.dtype).min).to(DEVICE))
+    if spec.padding:
+        kept = torch.ones(spec.batch, spec.kv_len, dtype=torch.long)
+        for b, pad in enumerate(torch.randint(0, spec.pad + 1, (spec.batch,), generator=g).tolist()):
+            kept[b, :pad] = 0
+        out.append(kept.to(DEVICE))
     if spec.rope:
         pos = torch.arange(max(spec.q_len, spec.kv_len), dtype=torch.float32)[:, None]   # _rope takes the last
         freq = 10000.0 ** (-torch.arange(0, spec.dim, 2, dtype=torch.float32) / spec.dim)
@@ -409,7 +423,7 @@ def specs(draw) -> Spec:
     common = dict(batch=draw(st.sampled_from([1, 1, 2])), heads=heads, kv_heads=kv_heads, kv_len=kv_len,
                   dim=draw(st.sampled_from([16, 32])), dtype=dtype,
                   expand=draw(st.sampled_from(["repeat_interleave", "expand"])),
-                  seed=draw(st.integers(0, 2 ** 16)), config=draw(st.integers(0, len(CONFIGS) - 1)), **draw(calls()))
+                  seed=draw(st.integers(0, 2 ** 16)), config=draw(st.integers(0, len(TILES) - 1)), **draw(calls()))
     if kind == "linear":
         common["rescale"] = None       # linear attention has no scale: a second call would rightly reuse the plan
         return Spec(kind, q_len=kv_len, feature=draw(st.sampled_from(["ea", "sima"])), **common)
@@ -429,7 +443,8 @@ def specs(draw) -> Spec:
         cast_inside=dtype != torch.float32 and draw(st.booleans()), noise=noise,
         plant=draw(st.sampled_from([None, None, 0.0, -1.0, math.nan, 1e-40, math.inf])) if noise else None,
         fill=draw(st.sampled_from(fills)), mask_from=draw(st.sampled_from(["iota", "ones", "buffer"])),
-        pad=draw(st.integers(0, kv_len - 1)) if apply == "input" else 0,
+        padding=(padding := apply != "input" and draw(st.sampled_from([False, False, False, True]))),
+        pad=draw(st.integers(0, kv_len - 1)) if apply == "input" or padding else 0,
         rope=(rope := draw(st.sampled_from([False] * 5 + [True]))),
         rope_by=draw(st.sampled_from(["slice", "index"])) if rope else "slice",
         rope_style=draw(st.sampled_from(["half", "every_two", "interleaved"])) if rope else "half",

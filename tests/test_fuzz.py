@@ -29,12 +29,13 @@ from conftest import each_partition
 from flashtensor import FallbackWarning
 from flashtensor.api.compiled import Compiled
 from flashtensor.bench import held
-from flashtensor.options import CONFIGS
+from flashtensor.frontend.capture import BEFORE_KERNELS
 from flashtensor.runtime.plan import Program
 from flashtensor.testing import as_tuple, compare, compare_with_exact
 from fuzz_programs import (
     ROW_STATS,
     THRESHOLD_STATS,
+    TILES,
     Spec,
     build,
     expected_to_fuse,
@@ -209,7 +210,7 @@ def run_spec(spec: Spec, candidate: Optional[int] = None, resize: bool = True) -
     then, with `resize`, the same callable at two more lengths (`_resized`). Returns the programs of the spec's
     own shape (none for inputs that require grad)."""
     fn, args = build(spec), inputs(spec)
-    compiled = ft.compile(fn, cache=False, configs=[CONFIGS[spec.config]], candidate=candidate,
+    compiled = ft.compile(fn, cache=False, configs=[TILES[spec.config]], candidate=candidate,
                           eager_if_faster=False)     # on a GPU: the kernels, even where eager is faster
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FallbackWarning)
@@ -646,6 +647,15 @@ FOUND = [
          cast_inside=True, noise=False, plant=None, seed=4261, config=9, fill='-inf', mask_from='buffer', pad=0,
          rope=False, rope_style='half', rope_by='slice', scores_by='matmul', gate=False, eps=1e-09, pack='dict',
          scale_from='global', rescale=0.125, grad=False, act='sigmoid', floor=False, sink=False),
+    # fp16, a (B, Skv) padding mask passed in as transformers' get_extended_attention_mask adds it, then a causal
+    # select of finfo.min, at 32 x 16 tiles: the padded rows (uniform over every key in eager) dropped the keys of
+    # the tiles past their diagonal. The exp2 rewrite's select held finfo.min * log2 e as an fp16 value, and the
+    # facts, rounding it to fp16, took -inf and folded those tiles to 0 (the held program left_padding on the H200,
+    # 5.8 from eager; drawn with RoPE and a gate once the grammar had the padding input and small tiles, which this
+    # fails without). Scaled half values are float32
+    Spec(kind='softmax', batch=1, heads=4, kv_heads=2, q_len=79, kv_len=79, dim=16, dtype=torch.float16,
+         expand='expand', scale=0.25, mask='causal', width=25, apply='where', stats=('colmaxpool',), seed=26844,
+         config=10, fill='finfo', pad=46, padding=True, eps=1e-09, scale_from='default', rescale=0.5),
 ]
 
 
@@ -667,7 +677,7 @@ FOUND_IDS = ["colmax_fully_masked_rows", "fp16_large_scores", "bf16_linear", "si
              "float64_floor_of_its_own_range", "constant_divisor_rounded_with_its_cast",
              "fp16_epsilon_rounded_in_a_skipped_tile", "fp16_fully_masked_row_steps_of_the_mask",
              "one_key_rows_round_p_apart", "fp16_capped_product_fused", "bf16_capped_product_fused",
-             "bf16_capped_alibi_product_fused"]
+             "bf16_capped_alibi_product_fused", "fp16_padded_rows_keep_folded_keys"]
 
 # Finds not fixed yet, each failing as the comment says (a strict xfail: the test fails once one passes, and it
 # then moves to FOUND); the campaign skips them, so that it reports new failures.
@@ -731,7 +741,8 @@ def test_every_partition_the_gpu_search_times(spec: Spec):
     def run(k):
         progs = run_spec(spec, candidate=k, resize=False)
         # a later candidate may be one that would pass an S x S intermediate between kernels: the search drops it
-        notes = [n for p in progs for n in p.notes]
+        # (ops on the inputs that run before the kernels say so too, whatever the candidate)
+        notes = [n for p in progs for n in p.notes if BEFORE_KERNELS not in n]
         dropped = k > 0 and bool(notes) and all("intermediate between kernels" in n for n in notes)
         assert outcome(progs) == "fused" or not expected_to_fuse(spec) or dropped, k
         return progs[0].plan
