@@ -156,9 +156,21 @@ def _emit(plan: Plan, call: Call) -> dict[int, list[KernelSpec]]:
                              prec.faithful, plan.stages["facts"], loaded, checks[k], folded, knobs.interpret(),
                              call.options.group_programs, call.options.fixup_programs,
                              sizes=call.sizes(plan.captured), split_programs=call.options.split_programs,
-                             splits=call.options.splits, f32_dot=call.options.float32_dot())
+                             splits=call.options.splits, f32_dot=call.options.float32_dot(),
+                             recomputed=_recomputed(schedules))
                   for k, s in enumerate(schedules)]
     return out
+
+
+def _recomputed(schedules: list[Schedule]) -> frozenset[LNode]:
+    """The values more than one kernel of a candidate computes (the scores a column kernel recomputes)."""
+    seen: set[LNode] = set()
+    twice: set[LNode] = set()
+    for s in schedules:
+        for n in s.nodes:
+            if n not in s.boundary:
+                (twice if n in seen else seen).add(n)
+    return frozenset(twice)
 
 
 def _tune(plan: Plan, call: Call) -> tuple[int, list[Launch]]:

@@ -304,6 +304,30 @@ def test_padded_rows_at_a_length_off_the_tiles(length):
     assert prog.kernels[0].prologues, prog.notes                       # the padding's ranges found at run time
 
 
+def softcapped_attention(query, key, value, attention_mask):
+    """Gemma2's eager attention: the scaled scores soft-capped (divide, tanh, multiply), then the additive mask."""
+    s = torch.matmul(query, key.transpose(2, 3)) * D ** -0.5
+    s = torch.tanh(s / 20.0) * 20.0 + attention_mask
+    return torch.matmul(torch.softmax(s, dim=-1, dtype=torch.float32).to(query.dtype), value)
+
+
+@pytest.mark.parametrize("program, rounded_in_kept_run", [(softcapped_attention, False), (hf_h2o, True)])
+def test_scores_round_as_eager_outside_the_kept_run(program, rounded_in_kept_run):
+    """fp16 scores a passed mask is added to round as eager's do, each step (precision.mask_deciding: a fully
+    masked row spreads its probability over the keys whose fp16 score is above -16). On the run of tiles the mask
+    keeps whole, s + 0 is s and the rounding decides nothing: a kernel that alone computes the scores leaves it out
+    there (the bulk of a causal mask's tiles), while H2O's, whose column kernel recomputes the row kernel's scores,
+    keep it on every tile, so that both see the same values. Fully masked rows match eager either way."""
+    q, k, v = _qkv(torch.float16, 3)
+    _, prog = _compiled(program, (q, k, v, _additive(left_padding(), torch.float16)))
+    for kernel in prog.kernels:
+        loops = kernel.source.split("for n0 in tl.range(")[1:]
+        kept = [body.count(".to(tl.float16).to(tl.float32)") for body in loops if body.startswith("fa0 ")]
+        rest = [body.count(".to(tl.float16).to(tl.float32)") for body in loops if not body.startswith("fa0 ")]
+        assert kept and min(rest) > 0, (kept, rest)
+        assert (min(kept) > 0) == rounded_in_kept_run, (kept, rest)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_padded_rows_keep_the_folded_keys_in_half_precision(dtype):
     """Left-padded rows in fp16 and bf16 at tiles that fold the keys past the diagonal (masked_fill's finfo.min,

@@ -12,7 +12,9 @@ decides a result, and the kernels reproduce it, in three places:
 - in every plan, the values `decide` marks (`ROUNDS`): a half value whose zero decides a result (the operand
   cone of a log, a reciprocal or a square root: fp16(p + 1e-9) is 0 where p underflowed, and log gives -inf),
   an fp16 value that may overflow where float32 would not (analysis/ranges.py: s * s, s / 1e-3), and the
-  values a mask is added to (`mask_deciding`: the step of s + finfo.min that eager rounds s into).
+  values a mask is added to (`mask_deciding`: the step of s + finfo.min that eager rounds s into). Those are
+  marked `UNDER_MASKS`: on tiles where the masks are 0 (a run of tiles a passed mask keeps whole) their rounding
+  decides nothing, and a kernel that alone computes them leaves it out there (`deciding_masks`).
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..ir.loops import ROUNDS, LNode, LoopGraph, read_input, rounds_input
+from ..ir.loops import ROUNDS, UNDER_MASKS, LNode, LoopGraph, read_input, rounds_input
 from .facts import narrowed_inputs
 from .ranges import Ranges, overflows
 
@@ -36,7 +38,9 @@ class Precision:
 
 def decide(loops: LoopGraph) -> Precision:
     """The precision policy of this program's kernels; marks the nodes every plan rounds (`ROUNDS`)."""
-    for n in zero_deciding(loops) + overflows(loops) + mask_deciding(loops):
+    for n in mask_deciding(loops):
+        n.attrs[ROUNDS] = UNDER_MASKS
+    for n in zero_deciding(loops) + overflows(loops):
         n.attrs[ROUNDS] = True
     narrowed = narrowed_inputs(loops)
     faithful = (any(o.dtype == torch.float32 for o in loops.outputs) and
@@ -118,11 +122,28 @@ def mask_deciding(g: LoopGraph) -> list[LNode]:
     its probability over the keys in the top step, so s must be eager's own half value to land in eager's step
     (float32 scores an ulp from eager's counted one key more, in a row where eager counts none). fp16 only: its
     steps are as fine as scores (8 at -1e4), bf16's are not (64 at -1e4, 2**120 at its finfo.min)."""
-    roots: list[object] = []
-    for n in g.nodes:
+    return _cone([a for _, masks, others in _mask_sums(g.nodes) for a in others])
+
+
+def deciding_masks(nodes: list[LNode]) -> dict[int, list[object]]:
+    """For each value marked for the masks alone (`UNDER_MASKS`), the masks of the sums it decides: where they are
+    all 0, s + 0 is s and the rounding decides nothing."""
+    out: dict[int, list[object]] = {}
+    for _, masks, others in _mask_sums(nodes):
+        for x in _cone(others):
+            if x.attrs.get(ROUNDS) == UNDER_MASKS:
+                out.setdefault(id(x), []).extend(masks)
+    return out
+
+
+def _mask_sums(nodes: list[LNode]) -> list[tuple[LNode, list[object], list[object]]]:
+    """The fp16 sums with a mask (`rounds_sum`), each with its mask operands and its others."""
+    out = []
+    for n in nodes:
         if n.dtype == torch.float16 and rounds_sum(n):
-            roots += [a for a in n.args if not _mask_like(a, n.dtype) and read_input(a) is None]
-    return _cone(roots)
+            masks = [a for a in n.args if _mask_like(a, n.dtype) or read_input(a) is not None]
+            out.append((n, masks, [a for a in n.args if not any(a is m for m in masks)]))
+    return out
 
 
 def _cone(roots: list[object]) -> list[LNode]:

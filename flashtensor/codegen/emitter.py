@@ -104,7 +104,7 @@ class Emitter(Tiles):
         if op == "cast":
             e = self.arg(n.args[0], tv, ctx)
             if n.dtype.is_floating_point and n.args[0].dtype.is_floating_point:
-                r = self.rounded(n, e)
+                r = self.rounded(n, e, ctx)
                 if r == e:
                     return e, tv
                 lines.append(f"{out} = {r}")
@@ -126,8 +126,8 @@ class Emitter(Tiles):
             check.check_by_log(self, n, out, tv, ctx, lines)
             return out, tv
         if op in UNARY:
-            template = AS_EAGER.get(op, UNARY[op]) if self.rounds(n) else UNARY[op]
-            lines.append(f"{out} = " + self.rounded(n, template.format(self.arg(n.args[0], tv, ctx))))
+            template = AS_EAGER.get(op, UNARY[op]) if self.rounds(n, ctx) else UNARY[op]
+            lines.append(f"{out} = " + self.rounded(n, template.format(self.arg(n.args[0], tv, ctx)), ctx))
             return out, tv
         for form in forms.FORMS:       # local forms cheaper than the op as written (codegen/forms.py)
             if (alt := form(self, n, tv, ctx, lines)) is not None:
@@ -135,9 +135,9 @@ class Emitter(Tiles):
                 return out, tv
         if op in BINARY:
             a, b = self.arg(n.args[0], tv, ctx), self.arg(n.args[1], tv, ctx)
-            eager = quotient_as_eager(a, n.args[1]) if op == "div" and self.rounds(n) else None
+            eager = quotient_as_eager(a, n.args[1]) if op == "div" and self.rounds(n, ctx) else None
             expr = eager or BINARY[op].format(a, b)
-            lines.append(f"{out} = " + (expr if exact_sum(n) else self.rounded(n, expr)))
+            lines.append(f"{out} = " + (expr if exact_sum(n) else self.rounded(n, expr, ctx)))
             return out, tv
         if op == "reduce":
             return self.tile_reduce(n, ctx, lines, out)

@@ -26,7 +26,7 @@ def normalised_exp(em: Tiles, n: LNode, tv: list[Var], ctx: Optional[Body], line
     """exp2(x - m) / d with thin m and d as exp2(x - (m + log2 d)) (see exp_over)."""
     if n.op != "div" or (folded := exp_over(em, n.args[0], n.args[1], tv, ctx, lines)) is None:
         return None
-    return em.rounded(n, folded)
+    return em.rounded(n, folded, ctx)
 
 
 def thin_divisor(em: Tiles, n: LNode, tv: list[Var], ctx: Optional[Body], lines: list[str]) -> Optional[str]:
@@ -35,9 +35,9 @@ def thin_divisor(em: Tiles, n: LNode, tv: list[Var], ctx: Optional[Body], lines:
     if n.op != "div" or not isinstance(n.args[1], LNode) or len(em.tvars(n.args[1])) >= len(tv):
         return None
     if (q := thin_quotient(em, n.args[0], n.args[1], tv, ctx, lines)) is not None:
-        return em.rounded(n, q)
+        return em.rounded(n, q, ctx)
     rcp = reciprocal(em, n.args[1], tv, ctx, lines)
-    return em.rounded(n, f"({em.arg(n.args[0], tv, ctx)} * {rcp})")
+    return em.rounded(n, f"({em.arg(n.args[0], tv, ctx)} * {rcp})", ctx)
 
 
 def thin_quotient(em: Tiles, x: Any, d: LNode, tv: list[Var], ctx: Optional[Body], lines: list[str]) -> Optional[str]:
@@ -62,7 +62,7 @@ def identity_operand(em: Tiles, n: LNode, tv: list[Var], ctx: Optional[Body], li
         return None
     src = n.args[kept]
     exact = isinstance(src, LNode) and src.dtype == n.dtype
-    return (a, b)[kept] if exact else em.rounded(n, (a, b)[kept])
+    return (a, b)[kept] if exact else em.rounded(n, (a, b)[kept], ctx)
 
 
 def square(em: Tiles, n: LNode, tv: list[Var], ctx: Optional[Body], lines: list[str]) -> Optional[str]:
@@ -101,7 +101,7 @@ def scaled(em: Tiles, x: Any, ctx: Body) -> tuple:
     y = x
     while isinstance(y, LNode):
         if y.op == "cast" and y.dtype.is_floating_point and y.args[0].dtype.is_floating_point \
-                and not em.rounds(y):
+                and not em.rounds(y, ctx):
             y = y.args[0]          # emitted as no instruction
             continue
         zero = [i for i, a in enumerate(y.args) if y.op in ("add", "sub")
@@ -110,7 +110,7 @@ def scaled(em: Tiles, x: Any, ctx: Body) -> tuple:
         if not (isinstance(other, LNode) and other.dtype == y.dtype):
             break
         y = other                  # x + 0 on these tiles: a copy
-    if not isinstance(y, LNode) or y.op != "mul" or em.rounds(y):
+    if not isinstance(y, LNode) or y.op != "mul" or em.rounds(y, ctx):
         return x, 1.0
     for i in (0, 1):
         c, other = em.constant(y.args[i], ctx.region), y.args[1 - i]

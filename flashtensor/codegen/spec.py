@@ -50,4 +50,5 @@ class KernelSpec:
     split_programs: int = 528              # Options.split_programs
     splits: Optional[int] = None           # Options.splits
     f32_dot: str = "ieee"                  # Options.f32_dot
+    recomputed: frozenset[LNode] = frozenset()     # values another kernel of the plan computes too
     sizes: Mapping[str, int] = field(default_factory=dict)   # a symbolic size's value in the bucket emitted for

@@ -32,6 +32,10 @@ class Tiles(abc.ABC):
         self.inputs = spec.inputs       # program input (shape, dtype) list
         self.faithful = spec.faithful
         self.undotted = _undotted_operands(s)
+        # values rounded only for the masks added to them, with those masks, where this kernel alone computes them
+        again = {id(n) for n in spec.recomputed}
+        self.under_masks = {} if spec.faithful else {
+            k: ms for k, ms in precision.deciding_masks(s.nodes).items() if k not in again}
         self.blk: dict[Var, int] = {}
         if s.row is not None:
             self.blk[s.row] = min(cfg.block_row, pow2(self.bucket(s.row.extent)))
@@ -217,13 +221,14 @@ class Tiles(abc.ABC):
         v = self.s.constant_on(a, region) if region else None
         return self.constant(v, region) if v is not None else None
 
-    def rounded(self, n: LNode, expr: str) -> str:
+    def rounded(self, n: LNode, expr: str, ctx: Optional[Body] = None) -> str:
         """expr, n's value in float32, rounded to n's half type where the precision policy says eager's
         rounding must be reproduced (analysis/precision.py `rounds`: in a faithful plan, and wherever it decides
         a result); a cast of an input that rounds is rounded in every plan, so that dots and elementwise
         products, in whichever kernel, read the same values. A sum rounded only for its mask is rounded where the
-        mask makes it coarse (precision.saturates)."""
-        if not self.rounds(n):
+        mask makes it coarse (precision.saturates); a value rounded only for masks added to it, not on the
+        tiles of body `ctx` where they are 0."""
+        if not self.rounds(n, ctx):
             return expr
         self.rounded_product |= n.op == "mul"
         coarse = 0.0 if id(n) in self.undotted else precision.saturates(n, self.faithful)
@@ -231,9 +236,17 @@ class Tiles(abc.ABC):
             return f"tl.where(tl.abs({expr}) >= {lit(coarse)}, {round_to(n.dtype, expr)}, {expr})"
         return round_to(n.dtype, expr)
 
-    def rounds(self, n: LNode) -> bool:
-        """Whether `rounded` rounds n (else n's float32 value stands for it, no instruction)."""
-        return precision.rounds(n, self.faithful) or id(n) in self.undotted
+    def rounds(self, n: LNode, ctx: Optional[Body] = None) -> bool:
+        """Whether `rounded` rounds n (else n's float32 value stands for it, no instruction). A value rounded for
+        the masks added to it alone (precision.deciding_masks) is not where the body's region makes them all 0
+        (the tiles a passed mask keeps whole): s + 0 is s there. Only in a kernel that alone computes it: one that
+        recomputes the scores of another (column statistics) must see the same values on every tile."""
+        if id(n) in self.undotted:
+            return True
+        masks = self.under_masks.get(id(n))
+        if masks and ctx is not None and ctx.region and all(self.constant(m, ctx.region) == 0 for m in masks):
+            return False
+        return precision.rounds(n, self.faithful)
 
     @abc.abstractmethod
     def arg(self, a: Any, tv: list[Var], ctx: Optional[Body]) -> str:

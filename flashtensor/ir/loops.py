@@ -210,8 +210,9 @@ def node_vars(op: str, args: tuple, attrs: dict) -> tuple[Var, ...]:
 
 
 # the attr of a node that every plan rounds to its half type (analysis/precision.py marks it); rewrites rebuild a
-# node with its attrs, so the mark stays with the value
+# node with its attrs, so the mark stays with the value. UNDER_MASKS as its value: rounded for a mask added to it
 ROUNDS = "rounds"
+UNDER_MASKS = "under masks"
 
 
 def format_node(n: LNode) -> str:
@@ -230,7 +231,8 @@ def format_node(n: LNode) -> str:
         body = f"at({n.args[0]!r}[" + ", ".join([f"{v} := {e}" for v, e in n.attrs["map"]] + merged) + "])"
     else:
         body = f"{n.op}(" + ", ".join(repr(a) for a in n.args) + ")"
-    return f"%{n.name}: {dt}[{', '.join(map(repr, n.vars))}] = {body}" + ("  # rounded" if n.attrs.get(ROUNDS) else "")
+    said = {True: "  # rounded", UNDER_MASKS: "  # rounded under masks"}.get(n.attrs.get(ROUNDS), "")
+    return f"%{n.name}: {dt}[{', '.join(map(repr, n.vars))}] = {body}" + said
 
 
 def format_loops(g: LoopGraph) -> str:
