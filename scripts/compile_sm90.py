@@ -23,7 +23,7 @@ import sys
 import tempfile
 import traceback
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -94,16 +94,16 @@ def _compile(src: Any, where: Path) -> list[str]:
     # the kernel in both modes, each pre-pass launched before it (run-time tile ranges, codegen/ranges.py), and the
     # combine launched after a split loop (codegen/split.py), in both modes too
     modes = (0, 1) if src.fixup else (0,)
-    builds = [(src.name, _signature(src.buffers, src.sizes), {"MODE": mode}, src.num_warps, src.num_stages,
-               src.contract) for mode in modes]
-    builds += [(p.name, _signature(p.buffers, p.sizes), {}, p.num_warps, src.num_stages, True) for p in src.prologues]
+    builds = [(src.name, _signature(src.buffers, src.sizes), {"MODE": mode}, src.num_warps, src.num_stages)
+              for mode in modes]
+    builds += [(p.name, _signature(p.buffers, p.sizes), {}, p.num_warps, src.num_stages) for p in src.prologues]
     c = src.combine
-    builds += [(c.name, _signature(c.buffers, c.sizes), {"MODE": mode}, c.num_warps, src.num_stages, True)
+    builds += [(c.name, _signature(c.buffers, c.sizes), {"MODE": mode}, c.num_warps, src.num_stages)
                for mode in (modes if c else ())]
     errors = []
-    for name, types, modes, warps, stages, contract in builds:
+    for name, types, modes, warps, stages in builds:
         try:
-            shared = _sm90(getattr(module, name), types, modes, warps, stages, contract).metadata.shared
+            shared = _sm90(getattr(module, name), types, modes, warps, stages).metadata.shared
         except Exception as e:  # noqa: BLE001 - every failure is a finding
             errors.append(f"{name} {modes}: {type(e).__name__}: {_where(e)} (source: {path})")
             continue
@@ -118,10 +118,10 @@ def _signature(buffers: list, sizes: list[str]) -> dict[str, str]:
     return {**{b.name: "*" + _TYPES[b.dtype] for b in buffers}, **{n: "i32" for n in sizes}}
 
 
-def _sm90(fn: Any, types: dict[str, str], modes: dict[str, int], warps: int, stages: int, contract: bool = True) -> Any:
+def _sm90(fn: Any, types: dict[str, str], modes: dict[str, int], warps: int, stages: int) -> Any:
     """fn compiled for sm_90 with every pointer 16-byte aligned, as a launch on the GPU specialises torch's
     allocations (and no size: codegen/artifact.jit): the code it then vectorises is what fails (a bool mask's
-    cp.async of 1 byte once, which unaligned compiles passed); `contract` as KernelSource.contract says."""
+    cp.async of 1 byte once, which unaligned compiles passed)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -130,7 +130,7 @@ def _sm90(fn: Any, types: dict[str, str], modes: dict[str, int], warps: int, sta
     return triton.compile(ASTSource(fn=fn, signature={**types, **{m: "constexpr" for m in modes}, "PDL": "constexpr"},
                                     constexprs={**modes, "PDL": True}, attrs=aligned),
                           target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": warps, "num_stages": stages, "enable_fp_fusion": contract})
+                          options={"num_warps": warps, "num_stages": stages})
 
 
 def shared_bytes(fn: Any, args: tuple, cfg: Any) -> list[int]:
@@ -141,13 +141,12 @@ def shared_bytes(fn: Any, args: tuple, cfg: Any) -> list[int]:
     return [built(emit_kernel(spec, cfg), where).metadata.shared for spec in next(iter(plan.stages["emit"].values()))]
 
 
-def built(src: Any, where: Path, contract: Optional[bool] = None) -> Any:
-    """The KernelSource's kernel (MODE 0) compiled for sm_90 from a file it writes in `where`, with FMA contraction
-    as the source says unless `contract` is given."""
+def built(src: Any, where: Path) -> Any:
+    """The KernelSource's kernel (MODE 0) compiled for sm_90 from a file it writes in `where`."""
     path = where / f"{src.name}_{abs(hash(src.source))}.py"
     path.write_text(src.source)
     return _sm90(getattr(_compiled_module(path), src.name), _signature(src.buffers, src.sizes), {"MODE": 0},
-                 src.num_warps, src.num_stages, src.contract if contract is None else contract)
+                 src.num_warps, src.num_stages)
 
 
 def found(name: str) -> tuple[Any, tuple]:

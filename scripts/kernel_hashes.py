@@ -44,8 +44,7 @@ def _record(spec: Any, cfg: Any) -> dict:
     body = _norm(src.source[src.source.index("@triton.jit\ndef "):])
     return {"body": hashlib.sha256(body.encode()).hexdigest()[:16],
             "meta": [list(src.grid), src.num_warps, src.num_stages, _norm(repr(src.blocks)), src.assumes_finite,
-                     src.fixup, [(b.name, list(b.shape), str(b.dtype), b.kind, b.written) for b in src.buffers]]
-            + (["no FMA contraction"] if not src.contract else [])}
+                     src.fixup, [(b.name, list(b.shape), str(b.dtype), b.kind, b.written) for b in src.buffers]]}
 
 
 def kernels(name: str, fn: Callable, args: list, out: dict) -> None:

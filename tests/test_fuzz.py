@@ -632,8 +632,9 @@ FOUND = [
     # variance; bf16 with ALiBi and a gate's running total; bf16 with ALiBi at its second call's scale), each a
     # bf16 or fp16 step from eager on the H100 and the H200 (the bf16 one o 1.79e-2 from float64 where eager is
     # 1.37e-2) and not under the interpreter. LLVM had made round(round(t * 30) + alibi) one half-precision FMA,
-    # skipping the product's rounding (TRITON_DEFAULT_FP_FUSION=0 gave the interpreter's answers); a kernel that
-    # rounds a product as eager is built without contraction (KernelSource.contract; test_sm90 checks its PTX)
+    # skipping the product's rounding (TRITON_DEFAULT_FP_FUSION=0 gave the interpreter's answers); a product the
+    # kernels round as eager is now triton_helpers._mul_rn, PTX's mul.rn.f32, which no FMA absorbs (test_sm90
+    # checks the PTX)
     Spec("softmax", batch=1, heads=2, kv_heads=1, q_len=12, kv_len=55, dim=16, dtype=torch.float16, layout="bshd",
          expand="expand", cap=30.0, slope=0.05, mask="causal", width=15, apply="additive", float_probs=True,
          stats=("colvar_mean",), threshold=2.0, eps=1e-09, seed=568, config=6, mask_from="ones"),

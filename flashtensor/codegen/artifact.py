@@ -61,10 +61,6 @@ class KernelSource:
     # in a shape-generic kernel, the reach of its int32 tile offsets (codegen/tiles.Tiles.offset), as size
     # expressions a call's sizes must keep below 2**31
     limits: list[str] = field(default_factory=list)
-    # whether Triton may fuse a multiply and an add into one FMA (its enable_fp_fusion). Not where the kernel rounds
-    # a product to a half type as eager does: LLVM turns a float32 product of half values and a sum, each rounded to
-    # bf16 or fp16, into half-precision ops and fuses those into one FMA, which skips the product's rounding
-    contract: bool = True
 
     @property
     def reaches(self) -> list[str]:

@@ -136,7 +136,7 @@ class Emitter(Tiles):
         if op in BINARY:
             a, b = self.arg(n.args[0], tv, ctx), self.arg(n.args[1], tv, ctx)
             eager = quotient_as_eager(a, n.args[1]) if op == "div" and self.rounds(n, ctx) else None
-            expr = eager or BINARY[op].format(a, b)
+            expr = eager or (self.times(n, a, b, ctx) if op == "mul" else BINARY[op].format(a, b))
             lines.append(f"{out} = " + (expr if exact_sum(n) else self.rounded(n, expr, ctx)))
             return out, tv
         if op == "reduce":

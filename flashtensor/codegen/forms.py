@@ -37,7 +37,7 @@ def thin_divisor(em: Tiles, n: LNode, tv: list[Var], ctx: Optional[Body], lines:
     if (q := thin_quotient(em, n.args[0], n.args[1], tv, ctx, lines)) is not None:
         return em.rounded(n, q, ctx)
     rcp = reciprocal(em, n.args[1], tv, ctx, lines)
-    return em.rounded(n, f"({em.arg(n.args[0], tv, ctx)} * {rcp})", ctx)
+    return em.rounded(n, em.times(n, em.arg(n.args[0], tv, ctx), rcp, ctx), ctx)
 
 
 def thin_quotient(em: Tiles, x: Any, d: LNode, tv: list[Var], ctx: Optional[Body], lines: list[str]) -> Optional[str]:

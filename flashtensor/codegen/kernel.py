@@ -17,7 +17,7 @@ from .spec import KernelSpec
 
 # what generated kernels call from codegen/triton_helpers.py
 HELPERS = ("_after_prior", "_div_as_eager", "_expm1", "_log1p", "_log2_approx", "_max_over", "_min_nan", "_min_over",
-           "_pow", "_round_bf16", "_scale_f16", "_tanh", "_with_check")
+           "_mul_rn", "_pow", "_round_bf16", "_scale_f16", "_tanh", "_with_check")
 
 
 def emit_kernel(spec: KernelSpec, cfg: TileConfig) -> KernelSource:
@@ -106,5 +106,4 @@ def emit_kernel(spec: KernelSpec, cfg: TileConfig) -> KernelSource:
     blocks = {str(v): em.blk[v] for v in em.blk}
     return KernelSource(spec.name, src, [plain_shape(b) for b in buffers], (python(programs),), cfg.num_warps,
                         cfg.num_stages, blocks, bool(s.skip or s.special or s.runtime), c.slots > 0,
-                        spec.fixup_programs, size_args, pre, python(em.splits), comb, sorted(set(em.limits)),
-                        not em.rounded_product)
+                        spec.fixup_programs, size_args, pre, python(em.splits), comb, sorted(set(em.limits)))

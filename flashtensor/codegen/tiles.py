@@ -62,7 +62,6 @@ class Tiles(abc.ABC):
         self.splits: Size = 1       # programs per row tile, each over a piece of the loop (split.py)
         self.limits: list[str] = []     # the tile offsets' reach in a shape-generic kernel (see `offset`)
         self.loaded: list[tuple[list[Var], int]] = []     # each tile load emitted: its variables, bytes an element
-        self.rounded_product = False    # a product rounded to a half type (`rounded`): built without FMA contraction
         # while a contraction's operands are emitted a piece of a variable at a time (emitter.looped_sum): that
         # variable, the body of its loop, the body the contraction itself is in, and whether the pieces are single
         # values (a scalar index) rather than chunks of its axis
@@ -230,11 +229,15 @@ class Tiles(abc.ABC):
         tiles of body `ctx` where they are 0."""
         if not self.rounds(n, ctx):
             return expr
-        self.rounded_product |= n.op == "mul"
         coarse = 0.0 if id(n) in self.undotted else precision.saturates(n, self.faithful)
         if coarse:
             return f"tl.where(tl.abs({expr}) >= {lit(coarse)}, {round_to(n.dtype, expr)}, {expr})"
         return round_to(n.dtype, expr)
+
+    def times(self, n: LNode, a: str, b: str, ctx: Optional[Body]) -> str:
+        """a * b for node n (a product, or a quotient as one): through `_mul_rn`, which no FMA absorbs, where n is
+        rounded to a half type as eager rounds it (triton_helpers._mul_rn says why)."""
+        return f"_mul_rn({a}, {b})" if self.rounds(n, ctx) else f"({a} * {b})"
 
     def rounds(self, n: LNode, ctx: Optional[Body] = None) -> bool:
         """Whether `rounded` rounds n (else n's float32 value stands for it, no instruction). A value rounded for

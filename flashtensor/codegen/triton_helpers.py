@@ -47,7 +47,20 @@ def _div_as_eager(x, c: tl.constexpr, inv: tl.constexpr):
     if _INTERPRETED:
         return x / c
     else:
-        return x * inv
+        return _mul_rn(x, inv)
+
+
+@triton.jit
+def _mul_rn(x, y):
+    # x * y where eager rounds the product to half precision: PTX's mul.rn.f32, which ptxas never fuses into an
+    # FMA, in inline asm, which LLVM cannot see into. With Triton's contraction, LLVM turns a rounded float32
+    # product and the rounded sum it feeds into half-precision ops and fuses them into one fma.rn.bf16, which skips
+    # the product's rounding; it also folds libdevice's mul_rn into a plain multiply first
+    if _INTERPRETED:
+        return x * y
+    else:
+        return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [x, y], dtype=tl.float32,
+                                         is_pure=True, pack=1)
 
 
 @triton.jit

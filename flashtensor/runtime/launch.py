@@ -145,7 +145,7 @@ class Launch:
             after_prior = True
         out.append(step(self.fn, min(tiles, src.fixup_programs) if fixup else tiles, src.buffers, src.sizes,
                         MODE=int(fixup), PDL=pdl, launch_pdl=pdl and after_prior, num_warps=src.num_warps,
-                        num_stages=src.num_stages, enable_fp_fusion=src.contract))
+                        num_stages=src.num_stages))
         c = src.combine
         if c is not None and splits != 1:
             out.append(step(self.combine, merged, c.buffers, c.sizes, MODE=int(fixup), PDL=pdl, launch_pdl=pdl,
