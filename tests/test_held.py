@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from flashtensor.bench import held, programs
+from flashtensor.options import TileConfig
 from flashtensor.testing import compare_with_exact
 
 # smaller than programs.SMALL, to keep 72 compiles within a minute; still GQA (two query heads per KV head)
@@ -32,6 +33,23 @@ def _params():
 @pytest.mark.parametrize("name,dtype", list(_params()))
 def test_held_program(name, dtype):
     rec, _ = held.run_program(name, dtype, SHAPE, "cpu")
+    said = [rec["error"] or ""] + [o["problem"] for o in rec["outputs"]]
+    assert rec["ok"], "; ".join(s for s in said if s)
+    assert name in NOT_FUSED or rec["status"] == "fused", f"{rec['status']}: {rec['notes']}"
+
+
+# 64 tokens in 16 x 16 tiles: what 4096 tokens give the tuner's tiles, and 32 tokens in one tile do not (row tiles
+# with tiles wholly past their diagonal, runs of tiles a passed mask keeps whole, padded rows beside kept ones)
+TILED = dict(B=1, H=2, S=64, D=16, KV=1)
+SMALL_TILES = (TileConfig(16, 16, 4, 2),)
+
+
+@pytest.mark.parametrize("name", programs.NAMES)
+def test_held_program_at_small_tiles(name):
+    """Each program in fp16 (whose rounding of scores and mask constants the plans reproduce as eager's) at small
+    tiles: left_padding's padded rows dropped the keys past their diagonal tile at the GPU's shapes only (fixed in
+    712eeb1), which the one-tile shapes above cannot show."""
+    rec, _ = held.run_program(name, "fp16", TILED, "cpu", configs=SMALL_TILES)
     said = [rec["error"] or ""] + [o["problem"] for o in rec["outputs"]]
     assert rec["ok"], "; ".join(s for s in said if s)
     assert name in NOT_FUSED or rec["status"] == "fused", f"{rec['status']}: {rec['notes']}"

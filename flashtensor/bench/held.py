@@ -21,7 +21,7 @@ import functools
 import json
 import sys
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -29,6 +29,7 @@ import flashtensor as ft
 from flashtensor import testing
 from flashtensor.cli.main import _use_interpreter_without_gpu
 from flashtensor.frontend.capture import BEFORE_KERNELS
+from flashtensor.options import TileConfig
 from flashtensor.runtime.plan import Program
 from flashtensor.testing import as_tuple
 
@@ -65,10 +66,11 @@ def check_outputs(fn: Callable, args: tuple, out: Any, ref: Any) -> list[testing
 
 
 def run_program(name: str, dtype: str, dims: dict, device: str, lengths: tuple[int, ...] = (),
-                peers: tuple[str, ...] = ()) -> tuple[dict, dict]:
+                peers: tuple[str, ...] = (), configs: Optional[Sequence[TileConfig]] = None) -> tuple[dict, dict]:
     """Build, run and check one program (then the same compiled callable at each of `lengths`); returns its record
     and what to time (empty after a crash). With "compile" among `peers`, torch.compile of the program is checked
-    too and timed beside them (a wrong or failing peer is recorded, and fails nothing)."""
+    too and timed beside them (a wrong or failing peer is recorded, and fails nothing). `configs`: the tiles the
+    kernels may take (the tuner's by default)."""
     rec: dict[str, Any] = {"program": name, "dtype": dtype, "status": None, "notes": "", "ok": False,
                            "outputs": [], "error": None, "eager": None, "flashtensor": None, "searches": None}
     try:
@@ -79,7 +81,7 @@ def run_program(name: str, dtype: str, dims: dict, device: str, lengths: tuple[i
         rec["error"] = "eager: " + bench._error(e)
         return rec, {}
     try:
-        compiled = ft.compile(fn)
+        compiled = ft.compile(fn, configs=configs)
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore", ft.FallbackWarning)
             out = compiled(*args)
