@@ -126,12 +126,12 @@ def mask_deciding(g: LoopGraph) -> list[LNode]:
 
 
 def deciding_masks(nodes: list[LNode]) -> dict[int, list[object]]:
-    """For each value marked for the masks alone (`UNDER_MASKS`), the masks of the sums it decides: where they are
-    all 0, s + 0 is s and the rounding decides nothing."""
+    """For each value rounded for the masks alone (`UNDER_MASKS`, no cast of an input that rounds, no sum with a
+    mask), the masks of the sums it decides: where they are all 0, s + 0 is s and the rounding decides nothing."""
     out: dict[int, list[object]] = {}
     for _, masks, others in _mask_sums(nodes):
         for x in _cone(others):
-            if x.attrs.get(ROUNDS) == UNDER_MASKS:
+            if x.attrs.get(ROUNDS) == UNDER_MASKS and not rounds_input(x) and not rounds_sum(x):
                 out.setdefault(id(x), []).extend(masks)
     return out
 
