@@ -152,12 +152,13 @@ def _emit(plan: Plan, call: Call) -> dict[int, list[KernelSpec]]:
         loaded = frozenset(stored(n) for s in schedules for n in s.plan.loads)
         checks = plan_checks(loops, schedules, prec.narrowed)
         folded = folded_normalisers(schedules)
+        again = _recomputed(schedules)
         out[c] = [KernelSpec(s, f"ft_kernel{k}", loops.inputs, {r: owner[r] for r in s.plan.roots if r in owner},
                              prec.faithful, plan.stages["facts"], loaded, checks[k], folded, knobs.interpret(),
                              call.options.group_programs, call.options.fixup_programs,
                              sizes=call.sizes(plan.captured), split_programs=call.options.split_programs,
                              splits=call.options.splits, f32_dot=call.options.float32_dot(),
-                             recomputed=_recomputed(schedules))
+                             recomputed=again)
                   for k, s in enumerate(schedules)]
     return out
 

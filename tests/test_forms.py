@@ -35,7 +35,8 @@ def _square():
 CASES = {
     "normalised_exp": (lambda: _h2o(torch.float32), r"p_\d+ = tl\.exp2\(", r"rcp_\d+ = 1\.0 / "),
     "thin_divisor": (_thin_divisor, r"rcp_\d+ = 1\.0 / ", r"x_\d+ = \(x_\d+ / x_\d+\)"),
-    "fp16_scale": (lambda: _h2o(torch.float16), r"_scale_f16\(", r"\(x_\d+ \* " + re.escape(repr(1 / math.sqrt(32)))),
+    # without it, the product eager rounds goes through triton_helpers._mul_rn
+    "fp16_scale": (lambda: _h2o(torch.float16), r"_scale_f16\(", r"_mul_rn\(x_\d+, " + re.escape(repr(1 / math.sqrt(32)))),
     "identity_operand": (_plus_zero, None, r" \+ 0\.0\)"),
     "square": (_square, r"(x_\d+) = (x_\d+) \* \2\n", r"_pow\("),
 }

@@ -21,7 +21,7 @@ import functools
 import json
 import sys
 import warnings
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -29,7 +29,7 @@ import flashtensor as ft
 from flashtensor import testing
 from flashtensor.cli.main import _use_interpreter_without_gpu
 from flashtensor.frontend.capture import BEFORE_KERNELS
-from flashtensor.options import TileConfig
+from flashtensor.options import CONFIGS, TileConfig
 from flashtensor.runtime.plan import Program
 from flashtensor.testing import as_tuple
 
@@ -66,7 +66,7 @@ def check_outputs(fn: Callable, args: tuple, out: Any, ref: Any) -> list[testing
 
 
 def run_program(name: str, dtype: str, dims: dict, device: str, lengths: tuple[int, ...] = (),
-                peers: tuple[str, ...] = (), configs: Optional[Sequence[TileConfig]] = None) -> tuple[dict, dict]:
+                peers: tuple[str, ...] = (), configs: Sequence[TileConfig] = CONFIGS) -> tuple[dict, dict]:
     """Build, run and check one program (then the same compiled callable at each of `lengths`); returns its record
     and what to time (empty after a crash). With "compile" among `peers`, torch.compile of the program is checked
     too and timed beside them (a wrong or failing peer is recorded, and fails nothing). `configs`: the tiles the
