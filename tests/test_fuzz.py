@@ -657,6 +657,13 @@ FOUND = [
     Spec(kind='softmax', batch=1, heads=4, kv_heads=2, q_len=79, kv_len=79, dim=16, dtype=torch.float16,
          expand='expand', scale=0.25, mask='causal', width=25, apply='where', stats=('colmaxpool',), seed=26844,
          config=10, fill='finfo', pad=46, padding=True, eps=1e-09, scale_from='default', rescale=0.5),
+    # bf16, a causal select of -1e9 over 66 queries of 56 keys (the first ten rows fully masked, eager's uniform),
+    # at 32 x 16 tiles: the tiles past the diagonal folded to bf16's -998244352, the mixed ones kept -1e9 in
+    # float32, so those rows averaged the folded keys alone (6.8e-2 from eager; a GPU campaign's find, on the CPU
+    # too). A fill or select constant is the value of its dtype (ir/ops.py `scalar`)
+    Spec(kind='softmax', batch=1, heads=1, kv_heads=1, q_len=66, kv_len=56, dim=32, dtype=torch.bfloat16,
+         layout='bshd', expand='expand', slope=0.05, mask='causal', width=13, apply='where', threshold=2.0,
+         cast_inside=True, noise=True, seed=556, config=10, fill='-1e9', mask_from='ones', eps=1e-09, floor=True),
 ]
 
 
@@ -678,7 +685,8 @@ FOUND_IDS = ["colmax_fully_masked_rows", "fp16_large_scores", "bf16_linear", "si
              "float64_floor_of_its_own_range", "constant_divisor_rounded_with_its_cast",
              "fp16_epsilon_rounded_in_a_skipped_tile", "fp16_fully_masked_row_steps_of_the_mask",
              "one_key_rows_round_p_apart", "fp16_capped_product_fused", "bf16_capped_product_fused",
-             "bf16_capped_alibi_product_fused", "fp16_padded_rows_keep_folded_keys"]
+             "bf16_capped_alibi_product_fused", "fp16_padded_rows_keep_folded_keys",
+             "bf16_fill_rounded_in_every_tile"]
 
 # Finds not fixed yet, each failing as the comment says (a strict xfail: the test fails once one passes, and it
 # then moves to FOUND); the campaign skips them, so that it reports new failures.

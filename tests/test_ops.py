@@ -11,7 +11,7 @@ from flashtensor.codegen import forms, lower
 from flashtensor.frontend import capture
 from flashtensor.ir import loops
 from flashtensor.ir.graph import Builder
-from flashtensor.ir.ops import COMPOSITE, ELEMENTWISE, EVAL, GROUP, Group, Op
+from flashtensor.ir.ops import COMPOSITE, ELEMENTWISE, EVAL, GROUP, Group, Op, scalar
 from flashtensor.transform import decompose, loopform
 
 pytestmark = pytest.mark.unit   # no test here launches a kernel (the tier: pyproject.toml)
@@ -77,3 +77,18 @@ def test_every_op_name_the_compiler_compares_is_an_op():
            for line, name in _compared_names(ast.parse(f.read_text())) if name not in names | FX_KINDS]
     assert not bad, bad
     assert any(True for f in PACKAGE.rglob("*.py") for _ in _compared_names(ast.parse(f.read_text())))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.int64, torch.bool])
+@pytest.mark.parametrize("value", [-1e9, 0.1, 1, 3, -65504.0, float("-inf")])
+def test_a_constant_is_the_value_its_dtype_holds(dtype, value):
+    """A fill's or a select's number is stored in the tensor's dtype in eager (bf16's -1e9 is -998244352, fp16's
+    is -inf): the IR's constant is that value, so that every tile computing it agrees with the ones folded by the
+    facts, which round it so."""
+    got = scalar(value, dtype)
+    if dtype == torch.bool:
+        assert got is bool(value)
+    elif dtype.is_floating_point:
+        assert got == torch.full((), value, dtype=torch.float64).to(dtype).item()
+    else:
+        assert got == value and type(got) is type(value)

@@ -213,9 +213,18 @@ WIDE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 
 
 def scalar(v: Any, dtype: torch.dtype) -> Any:
-    """A Python number as a value of `dtype`: a bool's 1 is True, since where(keep, x, 0) of a bool x is int64
-    in torch and int32 in Triton, where a condition must be a bool."""
-    return bool(v) if dtype == torch.bool and isinstance(v, (int, float)) else v
+    """A Python number as a value of `dtype`, as eager stores it in a tensor of that dtype (a fill, a select's
+    constant): rounded to a floating dtype (-1e9 is -998244352 in bf16, and a row masked by it in some tiles and by
+    -1e9 in others is not uniform); a bool's 1 is True, since where(keep, x, 0) of a bool x is int64 in torch and
+    int32 in Triton, where a condition must be a bool."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return v
+    if dtype == torch.bool:
+        return bool(v)
+    if dtype.is_floating_point:
+        r = torch.tensor(v, dtype=dtype).item()
+        return v if r == v else r
+    return v
 
 
 def _reduce(n: Any, x: torch.Tensor) -> torch.Tensor:
