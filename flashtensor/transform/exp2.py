@@ -16,6 +16,9 @@ Half-precision values are only scaled through when the kernels compute them in f
 without rounding (`through_half`); where eager's fp16 rounding is reproduced, and at a cast of
 an input that rounds (always reproduced), scaling before the rounding would change the rounded
 value, so the factor stops there.
+
+An exponent that may hold a huge value (a mask's finfo.min or -1e9, an fp16 input) is not folded: its product's
+rounding would differ between the places that compute it, which a fully masked row shows (`COARSE`).
 """
 from __future__ import annotations
 
@@ -27,11 +30,12 @@ from ..analysis.precision import kept
 from ..ir.loops import LNode, LoopGraph, NodeTable, node_vars, rebuilt, stamp
 
 LOG2E = 1.0 / math.log(2.0)
-# the largest constant a fold may create: half float32's range, so the scaled scores it meets in a sum stay finite
-# (finfo(float32).min * log2 e is past float32's range: an HF mask folded so would be -inf, or an fp64 literal)
-LIMIT = 2.0 ** 126
-# the smallest constant whose float32 sums a fold may not rescale: float32 rounds c + x on a grid of |c| * 2^-23,
-# which decides eager's fully masked rows (s - 1e9 rounds s to multiples of 64; s - 1e4 to 1e-3)
+# the smallest magnitude a scaled exponent may not reach: float32 rounds x * log2 e by up to |x log2 e| * 2^-24,
+# and where one value is scaled in two places (two kernels of a plan, two loop segments, one of which fuses the
+# product into the subtraction of the max while the other rounds it first) its exponents differ by that much.
+# Past this a fully masked row's probabilities, all near the mask constant, move by 4e-5 or more (at fp16's
+# finfo.min, 0.15%: each row sums to 1.0015), and float32's c + x rounds on a grid of |c| * 2^-23 that a fold
+# would rescale (s - 1e9 rounds s to multiples of 64 in eager); finfo(float32).min * log2 e is past float32's range
 COARSE = 2.0 ** 10
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -195,26 +199,12 @@ def _passed(x: LNode) -> list[LNode]:
     return list(x.inputs[1:]) if x.op == "where" else []
 
 
-def _coarse(x, through_half: bool) -> bool:
-    """Whether x, along the factor's path, adds a constant or input of magnitude COARSE or more to a moderate value
-    in float32: the sum's rounding, which a fully masked row's result depends on in eager (its scores are all
-    near the constant), would move with the grid if log2 e were folded in. The softmax's own subtraction of the
-    row max (both sides near the constant) rounds alike either way."""
-    if not isinstance(x, LNode) or _opaque(x, through_half) or not x.dtype.is_floating_point:
-        return False
-    if x.op in ("add", "sub"):
-        magnitudes = [largest(y) for y in x.args]
-        if max(magnitudes) >= COARSE > min(magnitudes):
-            return True
-    return any(_coarse(y, through_half) for y in _passed(x))
-
-
-def _unscalable(g: LoopGraph, through_half: bool) -> set[int]:
-    """Exps whose argument holds a constant or an input that folding log2 e into it could push past LIMIT, or whose
-    rounding it would change (`_coarse`): they stay exp2(x * log2 e), with the multiply after the subtraction of
-    the max, where every value is finite and rounded as eager rounds it."""
-    return {id(n) for n in g.nodes
-            if n.op == "exp" and (largest(n.args[0], LOG2E) > LIMIT or _coarse(n.args[0], through_half))}
+def _unscalable(g: LoopGraph) -> set[int]:
+    """Exps whose argument may hold a constant or an input of magnitude COARSE or more (an fp16 input, a mask's
+    finfo.min or -1e9, through selects and roundings alike): they stay exp2((x - m) * log2 e), with the multiply
+    after the subtraction of the max, where x - m is exact near the max and rounded as eager rounds it, whichever
+    kernel computes it."""
+    return {id(n) for n in g.nodes if n.op == "exp" and largest(n.args[0], LOG2E) >= COARSE}
 
 
 def _reductions_under_exp(g: LoopGraph, through_half: bool, exps: set[int]) -> set[int]:
@@ -240,7 +230,7 @@ def fold_exp2(g: LoopGraph, through_half: bool) -> LoopGraph:
         return g
     f = _Folder(through_half)
     exps = {id(n) for n in g.nodes if n.op == "exp"}
-    f.unscalable = _unscalable(g, through_half)
+    f.unscalable = _unscalable(g)
     feeds = _reductions_under_exp(g, through_half, exps - f.unscalable) - \
         _reductions_under_exp(g, through_half, f.unscalable)
     for n in g.nodes:
