@@ -254,13 +254,15 @@ def _run(stages: list[tuple[str, Callable[[Plan, Call], Any]]], plan: Plan, call
 # ---- the driver ----------------------------------------------------------------------------------------------
 
 def build(fn: Callable, args: list[Any], options: Options = Options(), warned: Optional[set[str]] = None,
-          dynamic: frozenset[tuple[int, int]] = frozenset(), unfused: Optional[Callable] = None) -> Program:
+          dynamic: frozenset[tuple[int, int]] = frozenset(), unfused: Optional[Callable] = None,
+          per_call: Callable[[], object] = lambda: None) -> Program:
     """Capture `fn` on `args` and plan it. Non-tensor arguments are baked in as constants. Each note is warned
     once per `warned` (the compiled callable's set of notes warned so far); none where `warned` is None (a trial
     plan, whose notes the caller reads). The (argument, dimension) pairs in `dynamic` are symbolic: the plan
     serves every size its guards admit (`Program.fits`). Where the program runs unfused (nothing fused, or priced
     slower than the function), it calls `fn`, or `unfused` (the same function compiled by torch.compile: the
-    backend's) where the remainder would be compiled too."""
+    backend's) where the remainder would be compiled too. `per_call` is the caller's own work on each call before
+    the program runs (the compiled callable's guard key and lookup): pricing times it with the plan."""
     tensor_fn, positions = _of_tensors(fn, args)
     example = [args[i] for i in positions]
     where = {p: k for k, p in enumerate(positions)}
@@ -284,7 +286,7 @@ def build(fn: Callable, args: list[Any], options: Options = Options(), warned: O
             notes.append(handoff)
         else:
             _plan(plan, call, args, options.cache and knobs.cache(),
-                  lambda entry: _priced(plan, entry, program, unfused, args, call_ms))
+                  lambda entry: _priced(plan, entry, program, unfused, args, call_ms, per_call))
     plan.entry["notes"] = list(dict.fromkeys(notes + plan.entry.get("notes", [])))
     if warned is not None:
         warn_notes(plan.notes, warned)
@@ -304,7 +306,8 @@ def _programs(plan: Plan, positions: list[int], device: torch.device, fn: Callab
     return program
 
 
-def retune(prog: Program, args: list[Any], options: Options) -> Optional[Program]:
+def retune(prog: Program, args: list[Any], options: Options,
+           per_call: Callable[[], object] = lambda: None) -> Optional[Program]:
     """A shape-generic program whose kernels are tuned again for the length bucket of `args`, its search reused
     (the first call in a bucket tunes, later ones launch), and the new entry cached under that bucket; None
     where the program was read from the cache (no search to reuse) or emitting would specialise a size."""
@@ -335,7 +338,7 @@ def retune(prog: Program, args: list[Any], options: Options) -> Optional[Program
     new = Plan(plan.stages, entry)
     program = _programs(new, prog.tensor_positions, prog.device, prog.fn, prog.compile_remainder)
     if timed(prog.device) and options.eager_if_faster:
-        new.entry = _priced(new, entry, program, prog.fn, args, call_ms)
+        new.entry = _priced(new, entry, program, prog.fn, args, call_ms, per_call)
     if options.cache and knobs.cache():
         plan_cache.store(plan_cache.key(plan.decomposed, args, options.key(), sizes.bucket(now)), new.entry)
     return program()
@@ -347,20 +350,23 @@ _PRICE_ROUNDS = 3
 
 
 def _priced(plan: Plan, entry: dict, program: Callable[[], Program], fn: Callable, args: list[Any],
-            measure: Callable[[Callable[[], Any]], float]) -> dict:
+            measure: Callable[[Callable[[], Any]], float], per_call: Callable[[], object]) -> dict:
     """The searched entry, or an eager one where the user's own function is faster on this call's inputs (timed on
     the GPU): launches that dominate a small program, a recompute that costs more than it saves, a remainder
     that eager PyTorch runs better. The tuner prices kernels against each other; this prices the plan against
     not compiling at all, so a compiled call is never slower than eager. Where eager runs out of memory (P at 32K
     tokens), the plan stands. A torch.compile'd remainder is timed in the evaluator too, and the entry says
     `evaluate_remainder` where that is faster: a call of the compiled graph of SnapKV's pooled window scores cost
-    0.14 to 0.27 ms of host time on the H200's host, more than a few small ops evaluated one by one."""
+    0.14 to 0.27 ms of host time on the H200's host, more than a few small ops evaluated one by one. The plan's
+    time includes `per_call`, the compiled callable's guards: 15-20 us a call, which decided a host-bound
+    program (snapkv_window on an H100, 0.90x eager)."""
     if entry["eager"]:
         return entry
     plan.entry = entry
     prog = program()
 
     def run() -> Any:
+        per_call()
         return prog.fits(args) and prog.run(args)     # with the checks a call makes
     fused_ms = evaluated_ms = eager_ms = math.inf
     for _ in range(_PRICE_ROUNDS):

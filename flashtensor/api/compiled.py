@@ -103,7 +103,7 @@ class Compiled:
                 return None
             else:
                 try:
-                    tuned = retune(prog, call.leaves, self.options)
+                    tuned = retune(prog, call.leaves, self.options, lambda: self._held(call))
                 except Exception:  # noqa: BLE001 - a bug in tuning for a new bucket costs a plan, not the answer
                     log.debug("tuning the generic plan for a new length bucket failed; planning anew", exc_info=True)
                     tuned = None
@@ -150,7 +150,7 @@ class Compiled:
         prog = None
         if dims:
             try:
-                prog = build(fn, call.leaves, self.options, None, dims, self.unfused)
+                prog = build(fn, call.leaves, self.options, None, dims, self.unfused, lambda: self._held(call))
                 self._count(prog)
             except Exception as e:  # noqa: BLE001 - a bug in the generic path costs a plan per shape, not the answer
                 log.debug("shape-generic planning failed; planning for this call's shapes", exc_info=True)
@@ -165,7 +165,8 @@ class Compiled:
         else:
             if prog is not None and not prog.generic and prog.plan.captured.shape_env is not None:
                 self.refused[structure, dims] = prog.notes
-            prog = build(fn, call.leaves, self.options, self.warned, unfused=self.unfused)
+            prog = build(fn, call.leaves, self.options, self.warned, unfused=self.unfused,
+                         per_call=lambda: self._held(call))
             self._count(prog)
             self.programs[key] = prog
         baked = {id(v): v for n in prog.plan.captured.nodes for v in n.attrs.values() if isinstance(v, torch.Tensor)}
