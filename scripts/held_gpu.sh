@@ -18,6 +18,7 @@ if [ ${#names[@]} -eq 0 ]; then
     read -r -a names <<< "$($PY -c 'from flashtensor.bench import programs; print(*programs.NAMES)')"
 fi
 warm=$(mktemp -d)
+start=$SECONDS
 for ((j = 0; j < JOBS; j++)); do
     part=()
     for ((k = j; k < ${#names[@]}; k += JOBS)); do part+=("${names[k]}"); done
@@ -29,6 +30,11 @@ for ((j = 0; j < JOBS; j++)); do
 done
 wait
 grep -h '^\[' "$warm"/log* | sed 's/^/warm: /'
+echo "warm: $((SECONDS - start)) s"      # the two phases' times, to plan a device session's commands
+start=$SECONDS
 timed=$(mktemp -d)
 [ -n "${REUSE:-}" ] && timed=$warm/plans
 FLASHTENSOR_CACHE_DIR=$timed $PY -m flashtensor.bench.held "${names[@]}" "${opts[@]}"
+rc=$?
+echo "timed: $((SECONDS - start)) s"
+exit $rc
