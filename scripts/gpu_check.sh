@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The trust checks on a GPU machine, one part per call of at most 10 minutes:
 #
-#     bash scripts/gpu_check.sh fuzz [DTYPE]   # random programs of each dtype (fp16, bf16; both where none is
-#                                              # named) as compiled kernels, for 9 minutes
+#     bash scripts/gpu_check.sh fuzz [DTYPE]   # random programs of each dtype named (fp16, bf16 or fp32; fp16 and
+#                                              # bf16 where none is) as compiled kernels, for 9 minutes
 #     bash scripts/gpu_check.sh held [DTYPE] [k/n]  # every held program (every n-th from the k-th), checked and
 #                                              # timed against eager (half of one dtype's per call fits 10 minutes)
 #     bash scripts/gpu_check.sh peers [DTYPE] [k/n] # #21: masks FlexAttention can express (built inside, captured,
@@ -33,7 +33,7 @@ fuzz)
     read -r -a dts <<< "${2:-fp16 bf16}"
     p=$((16 / ${#dts[@]}))
     for d in "${dts[@]}"; do
-        seed=$([ "$d" = fp16 ] && echo 100 || echo 200)
+        seed=$(case $d in fp16) echo 100 ;; bf16) echo 200 ;; *) echo 300 ;; esac)
         which=(-p "$p" --seed "$seed"); [ -n "${SEEDS:-}" ] && which=(--seeds "${SEEDS// /,}")
         python scripts/fuzz_campaign.py "${which[@]}" -n 60 --seconds "${FUZZ_SECONDS:-540}" --dtypes "$d" \
             > "$OUT/fuzz_$d.log" 2>&1 &
