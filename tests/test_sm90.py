@@ -209,6 +209,60 @@ def _half_fmas() -> tuple[int, int, int, bool]:
             not any("_mul_rn(" in k.source for k in _gpu_kernels(*_gemma2())))
 
 
+@pytest.mark.unit
+def test_every_kernel_of_a_plan_computes_an_exponent_alike():
+    """ptxas fuses a multiply into a following add (FFMA) where it sees fit, and float32 rounds x * log2 e by up to
+    2^-24 of it: 0.004 at fp16's -65504. A plan whose row statistics' kernel fused `x * log2 e - m` and whose column
+    kernel did not summed each fully padded fp16 row to 1.0015 on the H100 (test_fuzz's
+    fp16_padded_rows_sum_to_one_across_kernels). Its exponents of huge values are now exp2((x - m) * log2 e), an
+    FMUL after the subtraction in every kernel; h2o's, of moderate scores, are one FFMA with log2 e in its row and
+    its column kernel alike. Read off the sm_90 SASS (the instruction that writes each MUFU.EX2's operand), in a
+    process of its own, as above."""
+    code = "import test_sm90; print(test_sm90._exponent_producers())"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    padded, h2o = eval(run.stdout.strip().splitlines()[-1])
+    assert len(padded) == 3 and all(set(k) == {"FMUL log2e"} for k in padded), padded
+    assert len(h2o) == 2 and all(max(k, key=k.get) == "FFMA log2e" for k in h2o), h2o
+
+
+_SASS = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)\s*([^;]*);", re.M)
+
+
+def _producers(k: Any, where: Path) -> dict[str, int]:
+    """How a kernel computes the operands of its MUFU.EX2s: the opcode of the instruction before each that writes
+    its register, marked where it multiplies by log2 e."""
+    import triton
+    cubin = where / f"{k.name}.cubin"
+    cubin.write_bytes(_script().built(k, where).asm["cubin"])
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    sass = subprocess.run([str(tool), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+    ins = [(m.group(1), [a.strip() for a in m.group(2).split(",")]) for m in _SASS.finditer(sass)]
+    out: dict[str, int] = {}
+    for i, (op, args) in enumerate(ins):
+        if op.startswith("MUFU.EX2"):
+            reg = args[1].lstrip("-|").split(".")[0]
+            op2, args2 = next((o, a) for o, a in reversed(ins[:i]) if a and a[0].split(".")[0] == reg)
+            kind = op2.split(".")[0] + (" log2e" if any("1.44269" in a for a in args2) else "")
+            out[kind] = out.get(kind, 0) + 1
+    return out
+
+
+def _exponent_producers() -> tuple[list[dict[str, int]], list[dict[str, int]]]:
+    """_producers of each kernel of the padded-rows find's plan and of h2o's (fp16, the small shapes)."""
+    import test_fuzz
+
+    import fuzz_programs
+    from flashtensor import workloads
+    where = Path(tempfile.mkdtemp(prefix="sm90-"))
+    spec = test_fuzz.FOUND[test_fuzz.FOUND_IDS.index("fp16_padded_rows_sum_to_one_across_kernels")]
+    fn, args = workloads.make("h2o", device="cpu", dtype=torch.float16, **workloads.SMALL)
+    return ([_producers(k, where) for k in _gpu_kernels(fuzz_programs.flat(spec), fuzz_programs.inputs(spec))],
+            [_producers(k, where) for k in _gpu_kernels(fn, [_script()._meta(a) for a in args])])
+
+
 def _gpu_kernels(fn: Any, args: Any) -> list:
     """The kernels of fn's first candidate plan, emitted for the GPU at the first tile configuration."""
     with knobs.override(interpret=False):
