@@ -785,3 +785,16 @@ def test_rope_with_gqa_and_a_column_statistic():
     rounds its half operands as a dot does (codegen/tiles._undotted_operands)."""
     run_spec(Spec("softmax", batch=1, heads=2, kv_heads=1, q_len=30, kv_len=40, dim=32, dtype=torch.float16,
                   mask="causal", rope=True, stats=("colsum",)))
+
+
+@pytest.mark.xfail(reason="open: no fused plan, its kernels would depend on each other in a cycle", strict=True)
+def test_a_gate_prefix_and_a_prefix_of_column_sums_fuse():
+    """Reduced from a bf16 draw (RoPE, GQA, padding, a prefix mask, colcumsum and colstd, a forget gate, 43 queries
+    of 77 keys): a forget gate's cumulative log-sigmoid over the keys and a cumsum of the column sums over the keys,
+    with fewer queries than keys, find no fused plan ("kernels would depend on each other in a cycle") and run in
+    eager PyTorch, in any dtype, with or without a mask. With as many queries as keys, or column sums without their
+    prefix, the program fuses. Strict: it passes, and must move out, once the partition handles it."""
+    spec = Spec("softmax", batch=1, heads=2, kv_heads=2, q_len=43, kv_len=77, dim=32, dtype=torch.float32,
+                stats=("colcumsum",), seed=3525, gate=True)
+    assert expected_to_fuse(spec)
+    assert outcome(run_spec(spec, resize=False)) == "fused"
