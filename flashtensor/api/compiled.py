@@ -103,7 +103,7 @@ class Compiled:
                 return None
             else:
                 try:
-                    tuned = retune(prog, call.leaves, self.options, lambda: self._held(call))
+                    tuned = retune(prog, call.leaves, self.options, functools.partial(self._held, call))
                 except Exception:  # noqa: BLE001 - a bug in tuning for a new bucket costs a plan, not the answer
                     log.debug("tuning the generic plan for a new length bucket failed; planning anew", exc_info=True)
                     tuned = None
@@ -143,6 +143,7 @@ class Compiled:
         later calls that would be generic in the same dimensions plan for their exact shapes rather than search
         twice per shape; the trial's notes are not warned, since the static plan is what runs."""
         structure = self._guards.key(call, shapes=False)
+        per_call = functools.partial(self._held, call)      # what a later call does first, priced with the plan
         dims = self._dynamic(call)
         if (structure, dims) in self.refused:
             dims = frozenset()
@@ -150,7 +151,7 @@ class Compiled:
         prog = None
         if dims:
             try:
-                prog = build(fn, call.leaves, self.options, None, dims, self.unfused, lambda: self._held(call))
+                prog = build(fn, call.leaves, self.options, None, dims, self.unfused, per_call)
                 self._count(prog)
             except Exception as e:  # noqa: BLE001 - a bug in the generic path costs a plan per shape, not the answer
                 log.debug("shape-generic planning failed; planning for this call's shapes", exc_info=True)
@@ -165,8 +166,7 @@ class Compiled:
         else:
             if prog is not None and not prog.generic and prog.plan.captured.shape_env is not None:
                 self.refused[structure, dims] = prog.notes
-            prog = build(fn, call.leaves, self.options, self.warned, unfused=self.unfused,
-                         per_call=lambda: self._held(call))
+            prog = build(fn, call.leaves, self.options, self.warned, unfused=self.unfused, per_call=per_call)
             self._count(prog)
             self.programs[key] = prog
         baked = {id(v): v for n in prog.plan.captured.nodes for v in n.attrs.values() if isinstance(v, torch.Tensor)}

@@ -129,8 +129,9 @@ class _Folder:
 
 
 def _wide(dtype: torch.dtype) -> torch.dtype:
-    """The type of a value times log2 e: float32 for a half one, which the kernels compute unrounded and which may
-    pass the half type's range (fp16's finfo.min times log2 e); a fact rounded to fp16 there would be -inf."""
+    """The type of a value times log2 e: float32 for a half one, which the kernels compute unrounded. The facts
+    round a constant to its node's type, and would otherwise hold values the kernels never compute (fp16's finfo.min
+    times log2 e rounded to -inf folded tiles to 0; `_unscalable` now keeps such values unscaled besides)."""
     return torch.float32 if dtype in _HALF else dtype
 
 
