@@ -131,7 +131,7 @@ def partition(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]], relat
     groups.sort(key=lambda gr: -len(gr[0].vars))
     kernels: list[list[LNode]] = []
     upstream = {id(r): {id(n) for n in loop_topo([r])} for gr in groups for r in gr} if related_only else {}
-    for gr in groups:
+    for i, gr in enumerate(groups):
         for k in kernels:
             related = not related_only or any(id(gr[0]) in upstream[id(r)] or id(r) in upstream[id(gr[0])] for r in k)
             if set(gr[0].vars) <= {v for r in k for v in r.vars} and related:
@@ -139,9 +139,9 @@ def partition(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]], relat
                 cuts, trial.loads = _cuts(trial.roots, trial.parallel, produced, whole, nested, invariant)
                 # a merge that makes a value a cut which no kernel produces (a sum over a head group whose
                 # variable the merged kernel carries) is not a kernel, nor one that closes a cycle (a kernel that
-                # reads back a value it stores is one)
-                if set(cuts) <= produced and _orderable([k + gr if x is k else x for x in kernels], whole, nested,
-                                                        invariant) and accept(trial) is None:
+                # reads back a value it stores is one), counting the groups not placed yet as kernels of their own
+                merged = [k + gr if x is k else x for x in kernels] + groups[i + 1:]
+                if set(cuts) <= produced and _orderable(merged, whole, nested, invariant) and accept(trial) is None:
                     k.extend(gr)
                     break
         else:
@@ -162,11 +162,12 @@ def partition(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]], relat
 
 def _orderable(kernels: list[list[LNode]], whole: int, nested: bool, invariant: int) -> bool:
     """Whether kernels of these roots have an order, each loading only the values it cannot recompute: a merge
-    that closes a cycle even so is refused (a kernel that reads back a value it stores, or a stored value's own
-    input merged into the kernel that reads it back)."""
+    that closes a cycle even so is refused (a kernel that reads back a value it stores, a stored value's own
+    input merged into the kernel that reads it back, or either through a value a third kernel computes: a
+    forget gate's prefix sums merged with a prefix of column sums that need the gate's row statistics)."""
     plans = [KernelPlan(k) for k in kernels]
     placed = {r for k in kernels for r in k}
-    for p in plans:     # values of groups not placed yet are no dependency between these kernels
+    for p in plans:     # a value no kernel stores is none's dependency
         p.loads = {a for a in _cuts(p.roots, p.parallel, set(), whole, nested, invariant)[1] if stored(a) in placed}
     return _order(plans) is not None
 
