@@ -91,3 +91,33 @@ def test_direct_launches_match_eager_on_aligned_and_unaligned_inputs(dtype):
     (prog,) = fast.programs.values()
     keys = [key for la in prog.launches for key in la._kernels]
     assert any(all(key[2:]) for key in keys) and any(not all(key[2:]) for key in keys), keys
+
+
+def test_a_call_reuses_the_last_calls_intermediates_and_never_its_outputs():
+    """A program keeps the intermediates of its last call on this thread and stream at the same sizes (row
+    statistics, run-time ranges, the finite flag) and writes them again; outputs are new each call, so an earlier
+    call's results stay as they were, and the finite flag a non-finite input set is cleared for the next call."""
+    def h2o(q, k, v):
+        s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        p = torch.softmax(s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -math.inf), dim=-1)
+        return p @ v, p.sum(dim=-2)
+
+    g = torch.Generator().manual_seed(8)
+    a, b, c = ([torch.randn(1, 2, 40, 16, generator=g) for _ in range(3)] for _ in range(3))
+    c[1][0, 1, 7, 3] = math.inf            # one key not finite: the fixup pass runs
+    fast = ft.compile(h2o, cache=False, eager_if_faster=False)
+    got = []
+    for args in (a, b, c, a):
+        got.append(fast(*args))
+        (prog,) = fast.programs.values()
+        ((_, held),) = prog._kept.values()
+        if len(got) == 1:
+            first = dict(held)
+        assert held.keys() == first.keys() and all(held[key] is first[key] for key in held)
+    assert held[launch.FINITE].item() == 0, "the flag of the non-finite call was not cleared"
+    for args, outs in zip((a, b, c, a), got):
+        exact = as_tuple(h2o(*(t.double() for t in args)))
+        for o, r, x in zip(outs, as_tuple(h2o(*args)), exact):
+            m = compare_with_exact(o, r, x, torch.float32)
+            assert m.ok, m.problem
+    assert got[0][0] is not got[3][0] and got[0][0].data_ptr() != got[3][0].data_ptr()

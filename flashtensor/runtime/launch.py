@@ -6,6 +6,7 @@ import hashlib
 import importlib.util
 import os
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -268,10 +269,22 @@ def input_buffers(inputs: Sequence[torch.Tensor], sizes: Optional[dict[str, int]
 
 
 def run_kernels(launches: Sequence[Launch], inputs: Sequence[torch.Tensor], device: torch.device,
-                sizes: Optional[dict[str, int]] = None) -> dict:
+                sizes: Optional[dict[str, int]] = None, kept: Optional[dict] = None) -> dict:
     """Allocate intermediates and outputs, launch every kernel, then the fixup pass where the plan has one
-    (it returns at once unless an input was not finite); returns all buffers by key."""
+    (it returns at once unless an input was not finite); returns all buffers by key. With `kept` (the program's
+    own dict), the intermediates of the last call from this thread on this stream at the same sizes are reused:
+    that call's kernels ran before these on the stream, and no intermediate leaves the call; outputs are new."""
     buffers = input_buffers(inputs, sizes)
+    held: dict = {}
+    if kept is not None:
+        where = (threading.get_ident(), _current_stream(_current_device()) if _direct(device) else None)
+        at, held = kept.get(where, (None, held))
+        if at == buffers[AT]:
+            buffers.update(held)
+            if FINITE in held:
+                held[FINITE].zero_()
+        else:
+            held = {}
     for la in launches:
         la.allocate(buffers, device)
     for k, la in enumerate(launches):
@@ -279,4 +292,13 @@ def run_kernels(launches: Sequence[Launch], inputs: Sequence[torch.Tensor], devi
     for la in launches:
         if la.source.fixup:
             la(buffers, fixup=True, after_prior=True)
+    if kept is not None and not held:
+        if len(kept) >= MEMO:
+            kept.clear()
+        kept[where] = (buffers[AT], {k: b for k, b in buffers.items() if _is_intermediate(k)})
     return buffers
+
+
+def _is_intermediate(key: Any) -> bool:
+    """A buffer the kernels write and read that is neither a program input nor output (nor the call's sizes)."""
+    return isinstance(key, tuple) and key[0] not in ("in", "out", "sizes")

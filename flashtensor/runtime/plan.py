@@ -86,6 +86,7 @@ class Program:
         self.bucket: tuple = tuple(tuple(b) for b in plan.entry.get("bucket", ()))   # the tuned bucket
         # the int32 tile offsets' reach, all kernels' in one expression (evaluated on each call)
         self._at: dict[tuple, Any] = {}      # Program.at by the tensors' shapes
+        self._kept: dict[tuple, Any] = {}    # the last call's intermediates by thread and stream (run_kernels)
         self.reach = f"max([{', '.join(dict.fromkeys(x for k in self.kernels for x in k.reaches))}], default=0)"
 
     @property
@@ -135,7 +136,7 @@ class Program:
         assert at is not None, "a program ran at sizes it does not serve"
         now = at[0]
         ins = self.kernel_inputs(tensors, now)
-        bufs = run_kernels(self.launches, ins, tensors[0].device, now)
+        bufs = run_kernels(self.launches, ins, tensors[0].device, now, self._kept)
         env = {n: bufs[k] for n, k in self.results}
         env.update(zip(self.before, ins[len(tensors):]))
         outs = self.remainder(tensors, env, now)
