@@ -340,36 +340,39 @@ class Emitter(Tiles):
     def product(self, factors, tv: list[Var], ctx, lines: list[str]) -> str:
         """Product of factors over tile tv, a summand or a dot operand. The forms for a quotient apply to its
         factors as to a division: normalised_exp to an exponential over its normaliser, thin_divisor to a
-        divisor over fewer variables than the tile."""
+        divisor over fewer variables than the tile. The factors are applied in the program's order, each quotient
+        before the next factor: (x / d) * (x / d) with x near finfo.min and d infinite is 0, where x * x / d / d
+        is NaN."""
         factors = list(factors)
-        num = []
+        done: dict[int, str] = {}       # a factor's position -> its expression, folded with its divisor
         for i, (d, p) in enumerate(factors):
             for j, (e, q) in enumerate(factors):
                 if p < 0 and q > 0 and forms.normalised_exp in forms.FORMS and \
                         (folded := forms.exp_over(self, e, d, tv, ctx, lines)) is not None:
-                    num.append(folded)
+                    done[j] = folded
                     factors[i] = factors[j] = (1.0, 0)
                     break
-        quotients: dict[int, str] = {}      # a factor's position -> it divided by a thin divisor, on its tile
         thin = [i for i, (f, p) in enumerate(factors) if p < 0 and isinstance(f, LNode) and
                 forms.thin_divisor in forms.FORMS and len(self.tvars(f)) < len(tv)]
         for i in thin:
             for j, (e, q) in enumerate(factors):
-                if factors[i][1] == -1 and q == 1 and j not in quotients and \
+                if factors[i][1] == -1 and q == 1 and j not in done and \
                         (quot := forms.thin_quotient(self, e, factors[i][0], tv, ctx, lines)) is not None:
-                    quotients[j], factors[i] = quot, (1.0, 0)
+                    done[j], factors[i] = quot, (1.0, 0)
                     break
-        num += [quotients.get(j) or self.arg(f, tv, ctx) for j, (f, p) in enumerate(factors) if p > 0]
-        den = []
+        steps: list[tuple[str, str]] = []       # ("*" or "/", expression) in the factors' order
         for i, (f, p) in enumerate(factors):
-            if p >= 0:
-                continue
-            if i in thin:
-                num.append(forms.reciprocal(self, f, tv, ctx, lines))
-            else:
-                den.append(self.arg(f, tv, ctx))
-        e = " * ".join(num) if num else "1.0"
-        return e + "".join(f" / {d}" for d in den)
+            if i in done:
+                steps.append(("*", done[i]))
+            elif p > 0:
+                steps.append(("*", self.arg(f, tv, ctx)))
+            elif p < 0 and i in thin:
+                steps.append(("*", forms.reciprocal(self, f, tv, ctx, lines)))
+            elif p < 0:
+                steps.append(("/", self.arg(f, tv, ctx)))
+        first = next((k for k, (op, _) in enumerate(steps) if op == "*"), None)
+        e = "1.0" if first is None else steps.pop(first)[1]
+        return e + "".join(f" {op} {x}" for op, x in steps)
 
 
 def _literal(expr: str) -> bool:
