@@ -671,6 +671,13 @@ FOUND = [
     Spec(kind='softmax', batch=1, heads=1, kv_heads=1, q_len=32, kv_len=32, dim=32, dtype=torch.float16,
          layout='bshd', scale=0.25, slope=0.05, mask='prefix', float_probs=True, stats=('colstd', 'colcumsum'),
          threshold=0.5, seed=14380, pad=26, padding=True, eps=1e-09, pack='dict'),
+    # SiLU weights over scores HF's padding mask (finfo.min) adds to, and their column sums of squares (a CPU
+    # campaign's find, drawn with RoPE, a gate and a causal mask): the summand (x / d / n) ** 2 was emitted as
+    # x * x / d / n / d / n, and x * x overflows where x is near finfo.min (NaN where eager's p * p is 0). The
+    # factors of a product are applied in the program's order, each quotient first
+    Spec(kind='sigmoid', batch=1, heads=1, kv_heads=1, q_len=40, kv_len=40, dim=16, dtype=torch.float32,
+         expand='expand', scale=0.17677669529663687, width=23, stats=('colsq',), threshold=2.0, seed=10, pad=10,
+         padding=True, rope_by='index', pack='args', act='silu'),
 ]
 
 
@@ -693,7 +700,8 @@ FOUND_IDS = ["colmax_fully_masked_rows", "fp16_large_scores", "bf16_linear", "si
              "fp16_epsilon_rounded_in_a_skipped_tile", "fp16_fully_masked_row_steps_of_the_mask",
              "one_key_rows_round_p_apart", "fp16_capped_product_fused", "bf16_capped_product_fused",
              "bf16_capped_alibi_product_fused", "fp16_padded_rows_keep_folded_keys",
-             "bf16_fill_rounded_in_every_tile", "fp16_padded_rows_sum_to_one_across_kernels"]
+             "bf16_fill_rounded_in_every_tile", "fp16_padded_rows_sum_to_one_across_kernels",
+             "silu_squares_of_padded_keys_in_order"]
 
 # Finds not fixed yet, each failing as the comment says (a strict xfail: the test fails once one passes, and it
 # then moves to FOUND); the campaign skips them, so that it reports new failures.
