@@ -69,8 +69,10 @@ class Spec:
     scale: float = 1.0
     cap: Optional[float] = None       # tanh soft cap
     slope: Optional[float] = None     # ALiBi-like bias (j - i) * slope
-    mask: str = "none"                # none | causal | band | prefix
-    width: int = 0                    # band window or prefix length
+    mask: str = "none"                # none | causal | band | prefix | chunked (Llama 4's: causal within chunks of
+    #                                   width + 1 positions, i // c == j // c) | strided (causal, a window of width + 1
+    #                                   and every (width + 1)-th key before it, by (i - j) % c: sparse transformers')
+    width: int = 0                    # band window, prefix length, chunk or stride less one
     apply: str = "masked_fill"        # masked_fill | where | additive | input (an HF additive mask passed in)
     float_probs: bool = False         # softmax over s.float() (the workloads' habit for half inputs)
     stats: tuple[str, ...] = ()
@@ -190,6 +192,11 @@ def masked(spec: Spec, sq: Any, sk: Any, device: Any) -> Optional[torch.Tensor]:
         return above | ones.tril(off - spec.width - 1) if spec.mask == "band" else above
     i = torch.arange(sq, device=device)[:, None] + off
     j = torch.arange(sk, device=device)[None, :]
+    c = spec.width + 1
+    if spec.mask == "chunked":
+        return (j > i) | (torch.div(i, c, rounding_mode="floor") != j // c)
+    if spec.mask == "strided":
+        return (j > i) | ((i - j >= c) & ((i - j) % c != 0))
     return {"none": None, "causal": j > i, "band": (j > i) | (j < i - spec.width),
             "prefix": (j > i) & (j >= spec.width)}[spec.mask]
 
@@ -428,7 +435,7 @@ def specs(draw) -> Spec:
         common["rescale"] = None       # linear attention has no scale: a second call would rightly reuse the plan
         return Spec(kind, q_len=kv_len, feature=draw(st.sampled_from(["ea", "sima"])), **common)
     q_len = draw(st.one_of(st.just(kv_len), st.integers(1, kv_len), st.integers(1, 80)))
-    mask = draw(st.sampled_from(["none", "causal", "causal", "band", "prefix"]))
+    mask = draw(st.sampled_from(["none", "causal", "causal", "band", "prefix", "chunked", "strided"]))
     apply = draw(st.sampled_from(["masked_fill", "where", "additive", "input"]))
     stats = draw(st.lists(st.sampled_from(ROW_STATS + COL_STATS), max_size=2, unique=True))
     noise = draw(st.sampled_from([False, False, True]))

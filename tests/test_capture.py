@@ -623,3 +623,41 @@ def test_a_fill_number_past_its_dtype_raises_eagers_error(fill, capfd):
             compiled(x, m)
         assert any("in eager PyTorch" in n for n in got.value.__notes__)
     assert capfd.readouterr().err == ""       # the backend's eager run prints no generated code
+
+
+# ---- integer index arithmetic ---------------------------------------------------------------------------------------
+
+@pytest.mark.unit
+@pytest.mark.parametrize("divisor", [7, -3, 1])
+@pytest.mark.parametrize("op", [
+    lambda x, c: x // c, lambda x, c: torch.div(x, c, rounding_mode="floor"),
+    lambda x, c: torch.div(x, c, rounding_mode="trunc"), lambda x, c: x % c, lambda x, c: torch.remainder(x, c),
+    lambda x, c: torch.fmod(x, c)], ids=["floordiv", "div-floor", "div-trunc", "mod", "remainder", "fmod"])
+def test_integer_rounding_is_pythons_on_negative_operands(op, divisor):
+    """Floor division and remainder of index differences (negative where a key follows its query) by a number of
+    either sign are lowered (no opaque node), and the captured graph and the loop form give eager's values from
+    trunc_div and fmod, C's truncating // and %, which Triton computes on integers (kernels: test_mask_tensors)."""
+    def fn(x):
+        i, j = torch.arange(x.shape[-2])[:, None], torch.arange(x.shape[-1])[None, :]
+        return x + op(i - j - 5, divisor).to(x.dtype)
+
+    x = torch.randn(19, 23)
+    g = capture(fn, [x])
+    assert not any(n.op == "opaque" for n in g.nodes), g
+    assert torch.equal(evaluate(g, [x])[0], fn(x))
+    loops, consts = to_loops(decompose(g))
+    assert torch.equal(evaluate_loops(loops, [x] + consts)[0], fn(x))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("fn", [
+    lambda x: x // 0.5, lambda x: torch.remainder(x, 0.7), lambda x: torch.fmod(x, 0.7),
+    lambda x: x + (torch.arange(x.shape[-1]) // torch.arange(1, x.shape[-1] + 1)).to(x.dtype)],
+    ids=["float-floordiv", "float-remainder", "float-fmod", "tensor-divisor"])
+def test_float_and_tensor_divisor_rounding_stays_eager(fn):
+    """Eager rounds a float floor division and remainder its own way, and raises on an integer division by a zero
+    element: those calls stay eager ops, and the program still gives eager's answer."""
+    x = torch.randn(4, 9)
+    g = capture(fn, [x])
+    assert any(n.op == "opaque" for n in g.nodes)
+    assert torch.equal(evaluate(g, [x])[0], fn(x))

@@ -416,6 +416,35 @@ def test_a_captured_mask_of_no_index_form_skips_at_run_time():
     assert dots < _run(unmasked, (q, k, v))[1]
 
 
+@pytest.mark.parametrize("chunk", [
+    pytest.param(lambda i, c: i // c, id="floor_divide"),
+    pytest.param(lambda i, c: torch.div(i, c, rounding_mode="floor"), id="div-floor")])
+def test_a_chunked_mask_built_inside_skips_at_run_time(chunk):
+    """Llama 4's chunked attention, built inside from indices: (j <= i) & (i // c == j // c). Floor division has no
+    half-plane, so the mask is computed in the kernels and a pre-pass gives each row tile its range (before capture
+    lowered the division, eager built the S x S mask on every call): the kernel visits exactly the tiles that keep
+    a key, fewer than the causal program's."""
+    def masked(keep):
+        def fn(q, k, v):
+            i, j = torch.arange(q.shape[-2])[:, None], torch.arange(k.shape[-2])[None, :]
+            s = q @ k.transpose(-1, -2) / math.sqrt(D)
+            return torch.softmax(s.masked_fill(~keep(i, j), torch.finfo(s.dtype).min).float(), dim=-1).to(q.dtype) @ v
+        return fn
+
+    q, k, v = _qkv(torch.float32, 6)
+    compiled, prog = _compiled(masked(lambda i, j: (j <= i) & (chunk(i, 24) == chunk(j, 24))), (q, k, v))
+    assert not prog.before and not prog.plan.notes, prog.plan.notes     # nothing of the mask runs in eager
+    props = ft.explain(compiled, q, k, v).properties[0]
+    assert props.runtime, props
+    _, causal = _compiled(masked(lambda i, j: j <= i), (q, k, v))
+    dots, causal_dots = _run(prog, (q, k, v))[1], _run(causal, (q, k, v))[1]
+    i, j = _index()
+    keep = (j <= i) & (i // 24 == j // 24)
+    tiles = keep.reshape(S // BLOCK, BLOCK, S // BLOCK, BLOCK).any(3).any(1)     # row tile x key tile: any kept
+    causal_tiles = (j <= i).reshape(S // BLOCK, BLOCK, S // BLOCK, BLOCK).any(3).any(1)
+    assert dots * causal_tiles.sum() == causal_dots * tiles.sum(), (dots, causal_dots)
+
+
 def test_one_generic_plan_serves_every_length():
     """dynamic=True: the query length is a size argument (the mask's last dimension, the keys, stays static), the
     range buffers' shapes size expressions allocated at launch; lengths that are and are not multiples of the tiles

@@ -18,9 +18,10 @@ pytestmark = pytest.mark.unit   # no test here launches a kernel (the tier: pypr
 
 PACKAGE = Path(flashtensor.__file__).parent
 FX_KINDS = {"placeholder", "call_function", "call_method", "call_module", "get_attr", "output"}   # torch.fx's .op
-# ops no ATen call captures to: the stages produce them (capture itself: input, const; exp2 folding: log2_approx;
-# loop form: load, scalar, reduce_axes)
-PRODUCED = {Op.INPUT, Op.CONST, Op.LOG2_APPROX, Op.LOAD, Op.SCALAR, Op.REDUCE_AXES}
+# ops no ATen call captures to one for one: the stages produce them (capture itself: input, const, and the integer
+# rounding that floor division and remainder are built from; exp2 folding: log2_approx; loop form: load, scalar,
+# reduce_axes)
+PRODUCED = {Op.INPUT, Op.CONST, Op.TRUNC_DIV, Op.FMOD, Op.LOG2_APPROX, Op.LOAD, Op.SCALAR, Op.REDUCE_AXES}
 
 
 def test_every_op_has_a_group():

@@ -87,6 +87,11 @@ class Scope:
     boundary: frozenset[LNode]
 
 
+# ops whose values no half-plane bounds: loads, and the integer rounding of index arithmetic (a chunked mask's
+# i // chunk == j // chunk); a mask computed from them is an atom, its tiles skipped by a pre-pass at run time
+_UNBOUNDED = ("load", "trunc_div", "fmod")
+
+
 def masks(nodes: list[LNode], scope: Scope) -> tuple[set[LNode], set[LNode]]:
     """The kernel's masks read from tensors: bool values computed from the data alone (loads, indices, constants and
     elementwise ops, over the scope's variables), and such float values added to values that are not (the scores).
@@ -99,7 +104,7 @@ def masks(nodes: list[LNode], scope: Scope) -> tuple[set[LNode], set[LNode]]:
         ok = n not in scope.boundary and n.op != "reduce" and set(n.vars) <= allowed and \
             all(evaluable.get(id(a), False) for a in n.inputs)
         evaluable[id(n)] = ok
-        data[id(n)] = ok and (n.op == "load" or any(data[id(a)] for a in n.inputs))
+        data[id(n)] = ok and (n.op in _UNBOUNDED or any(data[id(a)] for a in n.inputs))
 
     def shared(n: LNode) -> bool:
         return data[id(n)] and any(v not in n.vars and longer(v.extent, 1) for v in scope.batch)

@@ -25,7 +25,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from ..ir.graph import Builder, Graph, Node, Returns
 from ..ir.ops import ELEMENTWISE, GROUP, TENSOR, Group, scalar
 from ..ir.sizes import same
-from . import activations, layout, norms, pooling, reductions, scan
+from . import activations, indices, layout, norms, pooling, reductions, scan
 from .checks import check_fill
 from .eager import EagerOnly, raise_if_eager_rejects, torch_logs_to_debug, whole, why_untraced
 from .scatter import copied, scatter
@@ -546,7 +546,7 @@ _RULES: dict[Any, Callable] = {
     aten.select.int: lambda b, a, kw, s, d, src: b.add(
         "select", (a[0],), s, d, src, dim=a[1] % len(a[0].shape), index=a[2] % a[0].shape[a[1]]),
     aten.fill.Scalar: _fill, aten.fill.Tensor: _fill,
-    **layout.RULES, **pooling.RULES, **scan.RULES, **activations.RULES, **reductions.RULES,
+    **layout.RULES, **pooling.RULES, **scan.RULES, **activations.RULES, **reductions.RULES, **indices.RULES,
     aten.elu.default: _with_params("elu", alpha=1.0, scale=1.0, input_scale=1.0),
     aten.nan_to_num.default: _with_params("nan_to_num", nan=None, posinf=None, neginf=None),
     aten.slice_scatter.default: scatter(False), aten.select_scatter.default: scatter(True), aten.copy.default: copied,

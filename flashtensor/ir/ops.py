@@ -58,6 +58,8 @@ class Op(enum.StrEnum):
     CEIL = "ceil"
     ADD = "add"
     SUB = "sub"
+    TRUNC_DIV = "trunc_div"
+    FMOD = "fmod"
     MUL = "mul"
     DIV = "div"
     MAXIMUM = "maximum"
@@ -183,6 +185,11 @@ BINARY_OPS: dict[Op, Elementwise] = {
     Op.LE: Elementwise(torch.le, "({} <= {})", _cmp("le")),
     Op.GT: Elementwise(torch.gt, "({} > {})", _cmp("gt")),
     Op.GE: Elementwise(torch.ge, "({} >= {})", _cmp("ge")),
+    # integer index arithmetic (chunked and strided masks: i // chunk, (i - j) % stride) as C and Triton's // and
+    # % compute it on integers: the quotient rounded toward 0, the remainder with the dividend's sign; capture
+    # builds floor division and Python's remainder from them (frontend/indices.py)
+    Op.TRUNC_DIV: Elementwise(lambda a, b: torch.div(a, b, rounding_mode="trunc"), "({} // {})"),
+    Op.FMOD: Elementwise(torch.fmod, "({} % {})"),
     Op.LOGICAL_AND: Elementwise(torch.logical_and, "({} & {})", ("logical_and.default", "bitwise_and.Tensor")),
     Op.LOGICAL_OR: Elementwise(torch.logical_or, "({} | {})", ("logical_or.default", "bitwise_or.Tensor")),
 }
