@@ -202,6 +202,31 @@ def test_rounding_trig_and_log_space_ops_give_eagers_special_values(dtype):
     assert program.launches and not program.notes, program.notes
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+def test_truncation_hyperbolic_and_float_tests_give_eagers_special_values(dtype):
+    """trunc, frac, sinh (near 0, and past 88.7 where e^x alone overflows float32 but sinh does not), cosh,
+    hardswish, celu, heaviside and the float tests (isnan, isinf, isposinf, isneginf, isfinite) at zeros,
+    infinities, NaN and halves: each fused, computed in float32 and rounded once."""
+    x = torch.tensor([0., -0., INF, -INF, NAN, .5, 1.5, -2.5, -.5, 1e-4, -1e-4, 6.1, -6.1, 89., -89.2, 3.]).to(dtype)
+    y = torch.tensor([0., 1., INF, -INF, 2., NAN, -INF, INF, 0., .5, 3., -1., 0., 7., -3., 1.]).to(dtype)
+
+    def fn(x, y):
+        outs = (torch.trunc(x), torch.frac(x), torch.sinh(x), torch.cosh(x), F.hardswish(x), F.celu(x, 0.5),
+                torch.heaviside(x, y))
+        tests = (torch.isnan(x), torch.isinf(x), torch.isposinf(x), torch.isneginf(x), torch.isfinite(x))
+        return torch.stack(outs) * 1.0, torch.stack(tests) | (x > 1)
+
+    compiled = ft.compile(fn, cache=False)
+    out, ref, exact = compiled(x, y), fn(x, y), fn(x.double(), y.double())
+    for o, r, e in zip(out, ref, exact):
+        m = compare_with_exact(o, r, e)
+        assert m.ok, m.problem
+    assert torch.equal(out[0].isnan(), ref[0].isnan()) and torch.equal(out[0].isinf(), ref[0].isinf())
+    assert torch.equal(out[1], ref[1])
+    (program,) = compiled.programs.values()
+    assert program.launches and not program.notes, program.notes
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 def test_nansum_count_nonzero_and_tensor_clamps_fuse(dtype):
     """torch.nansum (NaN as 0), torch.count_nonzero (NaN counts) and torch.clamp with tensor bounds over rows with

@@ -129,6 +129,44 @@ def _log10(m: _Math, x: Node) -> Node:
     return m("mul", m("log", x), 1 / math.log(10))
 
 
+def _trunc(m: _Math, x: Node) -> Node:
+    return m("where", m.test("ge", x, 0.0), m("floor", x), m("ceil", x))
+
+
+def _frac(m: _Math, x: Node) -> Node:
+    return m("sub", x, _trunc(m, x))
+
+
+def _half_exps(m: _Math, x: Node, join: str) -> Node:
+    """e^x / 2 joined to e^-x / 2, each as exp(+-x - ln 2): finite wherever sinh and cosh are (e^x alone is not
+    from x = 88.7 on)."""
+    return m(join, m("exp", m("sub", x, math.log(2))), m("exp", m("sub", m("neg", x), math.log(2))))
+
+
+def _sinh(m: _Math, x: Node) -> Node:
+    """Near 0, from expm1 (e^x - e^-x cancels there)."""
+    small = m("mul", m("sub", m("expm1", x), m("expm1", m("neg", x))), 0.5)
+    return m("where", m.test("lt", m("abs", x), 1.0), small, _half_exps(m, x, "sub"))
+
+
+def _cosh(m: _Math, x: Node) -> Node:
+    return _half_exps(m, x, "add")
+
+
+def _hardswish(m: _Math, x: Node) -> Node:
+    return m("mul", x, _hardsigmoid(m, x))
+
+
+def _celu(m: _Math, x: Node, alpha: float) -> Node:
+    negative = m("mul", m("expm1", m("div", x, float(alpha))), float(alpha))
+    return m("add", m("maximum", x, 0.0), m("minimum", negative, 0.0))
+
+
+def _heaviside(m: _Math, x: Node, values: Operand) -> Node:
+    """eager's: `values` at 0, else x > 0 (0 at NaN)."""
+    return m("where", m.test("eq", x, 0.0), values, m("where", m.test("gt", x, 0.0), 1.0, 0.0))
+
+
 def _entr(m: _Math, x: Node) -> Node:
     """eager's special.entr: -x log x where x > 0, 0 at 0, -inf below 0, NaN at NaN."""
     edge = m("where", m.test("eq", x, 0.0), 0.0, m("where", m.test("lt", x, 0.0), -math.inf, x))
@@ -171,6 +209,21 @@ def _variance(root: bool) -> Callable:
     return rule
 
 
+def _tested(kind: str) -> Callable:
+    """A capture rule for a float test: isnan as x != x, the infinities by comparison with them."""
+    def rule(b: Builder, a: list, kw: dict, s: tuple, d: torch.dtype, src: str) -> Any:
+        x = a[0]
+        if not isinstance(x, Node) or not x.dtype.is_floating_point:
+            return None
+        if kind == "nan":
+            return b.add("ne", (x, x), s, torch.bool, src)
+        if kind in ("posinf", "neginf"):
+            return b.add("eq", (x, math.inf if kind == "posinf" else -math.inf), s, torch.bool, src)
+        size = b.add("abs", (x,), x.shape, x.dtype, src)
+        return b.add("eq" if kind == "inf" else "lt", (size, math.inf), s, torch.bool, src)
+    return rule
+
+
 RULES: dict[Any, Callable] = {
     aten.silu.default: _pointwise(_silu),
     aten.softplus.default: _pointwise(_softplus, beta=1.0, threshold=20.0),
@@ -186,6 +239,13 @@ RULES: dict[Any, Callable] = {
     aten.mish.default: _pointwise(_mish),
     aten.logaddexp.default: _pointwise(_logaddexp, 2),
     aten.round.default: _pointwise(_round),
+    aten.trunc.default: _pointwise(_trunc), aten.fix.default: _pointwise(_trunc),
+    aten.frac.default: _pointwise(_frac),
+    aten.sinh.default: _pointwise(_sinh), aten.cosh.default: _pointwise(_cosh),
+    aten.hardswish.default: _pointwise(_hardswish),
+    aten.celu.default: _pointwise(_celu, alpha=1.0),
+    aten.heaviside.default: _pointwise(_heaviside, 2),
+    **{getattr(aten, f"is{kind}").default: _tested(kind) for kind in ("nan", "inf", "posinf", "neginf", "finite")},
     aten.log10.default: _pointwise(_log10),
     aten.xlogy.Tensor: _pointwise(_xlogy, 2),
     aten.xlogy.Scalar_Other: _pointwise(_xlogy, 2),
