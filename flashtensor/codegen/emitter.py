@@ -370,9 +370,9 @@ class Emitter(Tiles):
                 steps.append(("*", forms.reciprocal(self, f, tv, ctx, lines)))
             elif p < 0:
                 steps.append(("/", self.arg(f, tv, ctx)))
-        first = next((k for k, (op, _) in enumerate(steps) if op == "*"), None)
+        first = next((k for k, (how, _) in enumerate(steps) if how == "*"), None)
         e = "1.0" if first is None else steps.pop(first)[1]
-        return e + "".join(f" {op} {x}" for op, x in steps)
+        return e + "".join(f" {how} {x}" for how, x in steps)
 
 
 def _literal(expr: str) -> bool:
