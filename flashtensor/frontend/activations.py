@@ -209,6 +209,37 @@ def _variance(root: bool) -> Callable:
     return rule
 
 
+def _logit(m: _Math, x: Node, eps: Any) -> Node:
+    """eager's log(z / (1 - z)), z clamped to [eps, 1 - eps] where eps is given (in float32 only: for half inputs
+    the CPU's eager rounds 1 - eps to the half type, CUDA's does not)."""
+    if eps is not None:
+        x = m("minimum", m("maximum", x, float(eps)), 1.0 - float(eps))
+    return m("log", m("div", x, m("sub", 1.0, x)))
+
+
+def _atanh(m: _Math, x: Node) -> Node:
+    """log((1 + x) / (1 - x)) / 2 as log1p(2 x / (1 - x)) / 2: no cancellation near 0; +-inf at +-1, NaN past."""
+    return m("mul", m("log1p", m("div", m("mul", x, 2.0), m("sub", 1.0, x))), 0.5)
+
+
+def _asinh(m: _Math, x: Node) -> Node:
+    """sign(x) log(|x| + sqrt(x^2 + 1)) as log1p(|x| + x^2 / (1 + sqrt(1 + x^2))), no cancellation near 0; from
+    2^28 on, where x^2 may overflow, log |x| + ln 2."""
+    a = m("abs", x)
+    sq = m("mul", a, a)
+    near = m("log1p", m("add", a, m("div", sq, m("add", m("sqrt", m("add", sq, 1.0)), 1.0))))
+    size = m("where", m.test("gt", a, 2.0 ** 28), m("add", m("log", a), math.log(2)), near)
+    return m("where", m.test("lt", x, 0.0), m("neg", size), m("where", m.test("gt", x, 0.0), size, x))
+
+
+def _fmax(pick: str) -> Callable[[_Math, Node, Operand], Node]:
+    """fmax and fmin: the other operand where one is NaN (NaN only where both are)."""
+    def formula(m: _Math, a: Node, b: Operand) -> Node:
+        both = m("where", m.test("ne", b, b), a, m(pick, a, b)) if isinstance(b, Node) else m(pick, a, b)
+        return m("where", m.test("ne", a, a), b, both)
+    return formula
+
+
 def _tested(kind: str) -> Callable:
     """A capture rule for a float test: isnan as x != x, the infinities by comparison with them."""
     def rule(b: Builder, a: list, kw: dict, s: tuple, d: torch.dtype, src: str) -> Any:
@@ -245,6 +276,10 @@ RULES: dict[Any, Callable] = {
     aten.hardswish.default: _pointwise(_hardswish),
     aten.celu.default: _pointwise(_celu, alpha=1.0),
     aten.heaviside.default: _pointwise(_heaviside, 2),
+    aten.logit.default: lambda b, a, kw, s, d, src: None if d in WIDE and kw.get("eps", a[1] if len(a) > 1 else None)
+    is not None else _pointwise(_logit, eps=None)(b, a, kw, s, d, src),
+    aten.atanh.default: _pointwise(_atanh), aten.asinh.default: _pointwise(_asinh),
+    aten.fmax.default: _pointwise(_fmax("maximum"), 2), aten.fmin.default: _pointwise(_fmax("minimum"), 2),
     **{getattr(aten, f"is{kind}").default: _tested(kind) for kind in ("nan", "inf", "posinf", "neginf", "finite")},
     aten.log10.default: _pointwise(_log10),
     aten.xlogy.Tensor: _pointwise(_xlogy, 2),
