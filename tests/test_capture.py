@@ -93,13 +93,21 @@ def layer_norm_module(q, k, v):
     return torch.softmax(LN(q) @ LN(k).transpose(-2, -1), dim=-1) @ v
 
 
+def min_max_scaled(q, k, v):
+    """Scores scaled to [0, 1] per row by torch.aminmax before the softmax."""
+    s = q @ k.transpose(-2, -1)
+    lo, hi = torch.aminmax(s, dim=-1, keepdim=True)
+    return torch.softmax((s - lo) / (hi - lo), dim=-1) @ v
+
+
 @pytest.mark.parametrize("fn, dtype", [(qk_norm_attention, torch.float32), (qk_norm_attention, torch.float16),
                                        (layer_norm_module, torch.float32), (standardized_scores, torch.float32),
-                                       (column_spread, torch.float32)],
-                         ids=["qk_norm", "qk_norm_fp16", "layer_norm_module", "var_mean_scores", "var_mean_dims"])
+                                       (column_spread, torch.float32), (min_max_scaled, torch.float32)],
+                         ids=["qk_norm", "qk_norm_fp16", "layer_norm_module", "var_mean_scores", "var_mean_dims",
+                              "aminmax"])
 def test_layer_norm_and_var_mean_lower_and_fuse(fn, dtype):
     """native_layer_norm and var_mean lower to means and elementwise ops (float32 inside for half inputs, as
-    eager computes them), so the attention after them fuses."""
+    eager computes them), aminmax to a min and a max, so the attention after them fuses."""
     args = tuple(a.to(dtype) for a in qkv(s=40))
     with torch.no_grad():      # inference: nn.LayerNorm's parameters require grad, which runs eager for autograd
         out, program, notes = run(fn, *args)
@@ -113,9 +121,8 @@ def std_and_mean(x):
     return (x - mean) / std
 
 
-def min_max_scaled(x):
-    lo, hi = torch.aminmax(x, dim=-1, keepdim=True)
-    return (x - lo) / (hi - lo)
+def running_max(x):
+    return x - torch.cummax(x, dim=-1).values
 
 
 def sdpa_merge_heads(q, k, v):
@@ -142,7 +149,7 @@ def case(fn, op, text, unit=False):
 
 
 MULTI = [case(std_and_mean, "aten.std_mean", "torch.std_mean(", unit=True),
-         case(min_max_scaled, "aten.aminmax", "torch.aminmax(", unit=True),
+         case(running_max, "aten.cummax", "torch.cummax(", unit=True),
          case(sdpa_merge_heads, "aten._scaled_dot_product", "F.scaled_dot_product_attention(", unit=True),
          case(pooled_with_positions, "aten.max_pool2d_with_indices", "F.max_pool1d("),
          case(best_key, "aten.max.dim", "torch.max(")]
@@ -158,10 +165,10 @@ def test_calls_with_several_outputs_run_in_eager_with_one_note(fn, op, text):
 
 @pytest.mark.unit
 def test_unused_outputs_get_no_node():
-    """aminmax's minimum, unused, makes no opaque node (which would cost a note and kernel outputs)."""
-    g = capture(lambda x: torch.aminmax(x, dim=-1).max * 2, [qkv()[0][0]])
+    """cummax's values, unused, make no opaque node (which would cost a note and kernel outputs)."""
+    g = capture(lambda x: torch.cummax(x, dim=-1).indices * 2, [qkv()[0][0]])
     assert [(n.attrs["fn"].name(), n.attrs["index"]) for n in g.nodes if n.op == "opaque"] == \
-        [("aten::aminmax", 1)]
+        [("aten::cummax", 1)]
 
 
 def window_votes(q, k, v):

@@ -325,6 +325,15 @@ def _max_dim(b, fx, args, kw, src, live):
     return [v, i]
 
 
+def _aminmax(b, fx, args, kw, src, live):
+    """torch.aminmax: the min and the max over `dim` (every element where none), each a reduction."""
+    x, dim = args[0], kw.get("dim", args[1] if len(args) > 1 else None)
+    keep = bool(kw.get("keepdim", args[2] if len(args) > 2 else False))
+    dims = list(range(len(x.shape))) if dim is None else [dim % max(len(x.shape), 1)]
+    return [b.add("reduce", (x,), tuple(v.shape), v.dtype, src, kind=kind, dims=dims, keepdim=keep)
+            for kind, v in zip(("min", "max"), fx.meta["val"])]
+
+
 def _split(b, fx, args, kw, src, live):
     """split / split_with_sizes: a slice per piece."""
     x, size = args[0], args[1]
@@ -478,7 +487,7 @@ def _overload(name: str) -> Any:
 
 
 # calls that return several tensors and have a lowering; any other such call is _multi_opaque
-_MULTI = {aten.max.dim: _max_dim, aten.min.dim: _max_dim, aten.split.Tensor: _split,
+_MULTI = {aten.max.dim: _max_dim, aten.min.dim: _max_dim, aten.aminmax.default: _aminmax, aten.split.Tensor: _split,
           aten.split_with_sizes.default: _split, aten.unbind.int: _unbind,
           aten.native_layer_norm.default: _layer_norm, aten.var_mean.correction: _var_mean,
           aten.log_sigmoid_forward.default: _first_lowered(_unary("log_sigmoid")),
