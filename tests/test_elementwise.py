@@ -179,6 +179,20 @@ def test_activations_give_eagers_special_values(dtype):
     assert program.launches and not program.notes, program.notes
 
 
+def _special_values_match(fn, x, y) -> tuple:
+    """fn(x, y) compiled, fused with no note, and each output under the contract (float64 where it decides), NaN and
+    inf in the first where eager has them; the outputs and eager's."""
+    compiled = ft.compile(fn, cache=False)
+    out, ref, exact = compiled(x, y), fn(x, y), fn(x.double(), y.double())
+    for o, r, e in zip(out, ref, exact):
+        m = compare_with_exact(o, r, e)
+        assert m.ok, m.problem
+    assert torch.equal(out[0].isnan(), ref[0].isnan()) and torch.equal(out[0].isinf(), ref[0].isinf())
+    (program,) = compiled.programs.values()
+    assert program.launches and not program.notes, program.notes
+    return out, ref
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
 def test_rounding_trig_and_log_space_ops_give_eagers_special_values(dtype):
     """sign, hardsigmoid, mish, logaddexp, round (halves to even), floor, ceil, log10, sin, cos, entr and xlogy at
@@ -192,14 +206,7 @@ def test_rounding_trig_and_log_space_ops_give_eagers_special_values(dtype):
                 torch.ceil(x), torch.log10(x), torch.sin(x), torch.cos(x), torch.special.entr(x), torch.xlogy(x, y))
         return torch.stack(outs) * 1.0, torch.stack(outs).nan_to_num().sum(dim=0)
 
-    compiled = ft.compile(fn, cache=False)
-    out, ref, exact = compiled(x, y), fn(x, y), fn(x.double(), y.double())
-    for o, r, e in zip(out, ref, exact):
-        m = compare_with_exact(o, r, e)
-        assert m.ok, m.problem
-    assert torch.equal(out[0].isnan(), ref[0].isnan()) and torch.equal(out[0].isinf(), ref[0].isinf())
-    (program,) = compiled.programs.values()
-    assert program.launches and not program.notes, program.notes
+    _special_values_match(fn, x, y)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
@@ -216,15 +223,8 @@ def test_truncation_hyperbolic_and_float_tests_give_eagers_special_values(dtype)
         tests = (torch.isnan(x), torch.isinf(x), torch.isposinf(x), torch.isneginf(x), torch.isfinite(x))
         return torch.stack(outs) * 1.0, torch.stack(tests) | (x > 1)
 
-    compiled = ft.compile(fn, cache=False)
-    out, ref, exact = compiled(x, y), fn(x, y), fn(x.double(), y.double())
-    for o, r, e in zip(out, ref, exact):
-        m = compare_with_exact(o, r, e)
-        assert m.ok, m.problem
-    assert torch.equal(out[0].isnan(), ref[0].isnan()) and torch.equal(out[0].isinf(), ref[0].isinf())
+    out, ref = _special_values_match(fn, x, y)
     assert torch.equal(out[1], ref[1])
-    (program,) = compiled.programs.values()
-    assert program.launches and not program.notes, program.notes
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
@@ -237,17 +237,10 @@ def test_inverse_hyperbolic_logit_and_nan_ignoring_extremes_give_eagers_special_
 
     def fn(x, y):
         outs = (torch.logit(x), torch.logit(x, eps=1e-3 if x.dtype == torch.float32 else None), torch.atanh(x),
-                torch.asinh(x), torch.fmax(x, y),
-                torch.fmin(x, y))
-        return torch.stack(outs) * 1.0
+                torch.asinh(x), torch.fmax(x, y), torch.fmin(x, y))
+        return (torch.stack(outs) * 1.0,)
 
-    compiled = ft.compile(fn, cache=False)
-    out, ref, exact = compiled(x, y), fn(x, y), fn(x.double(), y.double())
-    m = compare_with_exact(out, ref, exact)
-    assert m.ok, m.problem
-    assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(out.isinf(), ref.isinf())
-    (program,) = compiled.programs.values()
-    assert program.launches and not program.notes, program.notes
+    _special_values_match(fn, x, y)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
