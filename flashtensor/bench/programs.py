@@ -109,6 +109,16 @@ def mistral_sliding_window(query: Tensor, key: Tensor, value: Tensor, sliding_wi
     return masked_attention(query, key, value, mask)
 
 
+def llama4_chunked(query: Tensor, key: Tensor, value: Tensor, chunk_size: int) -> Tensor:
+    """Llama 4's chunked attention (transformers' chunked_causal_mask_function): each query sees the earlier keys
+    of its own chunk, `q_idx // chunk_size == kv_idx // chunk_size` and causal; masked_fill with finfo.min."""
+    q_len, kv_len = query.shape[-2], key.shape[-2]
+    i = torch.arange(q_len, device=query.device)[:, None] + (kv_len - q_len)
+    j = torch.arange(kv_len, device=query.device)[None, :]
+    mask = (j > i) | (i // chunk_size != j // chunk_size)
+    return masked_attention(query, key, value, mask)
+
+
 def gemma2_softcap(query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor, scaling: float,
                    softcap: float = 50.0) -> Tensor:
     """transformers' Gemma2 eager_attention_forward: the logits soft-capped by `tanh(s / cap) * cap` in three
@@ -478,6 +488,7 @@ PROGRAMS: dict[str, Builder] = {
     "llama_eager": lambda x: (llama_eager, (*x.qkv(), x.causal_mask(), x.scaling)),
     "left_padding": lambda x: (left_padding, (*x.qkv(), _padding_mask(x), x.scaling)),
     "mistral_sliding_window": lambda x: (mistral_sliding_window, (*x.qkv(), x.S // 4)),
+    "llama4_chunked": lambda x: (llama4_chunked, (*x.qkv(), x.S // 4)),
     "gemma2_softcap": lambda x: (gemma2_softcap, (*x.qkv(), x.causal_mask(), x.scaling)),
     "alibi": lambda x: (alibi, (*x.qkv(kv=x.H), torch.tensor(_alibi_slopes(x.H), device=x.device))),
     "t5_relative_bias": lambda x: (t5_relative_bias, (x.randn(x.B, x.H, x.S, x.D) * x.scaling,
