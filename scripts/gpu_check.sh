@@ -7,9 +7,9 @@
 #                                              # timed against eager (half of one dtype's per call fits 10 minutes)
 #     bash scripts/gpu_check.sh peers [DTYPE] [k/n] # #21: masks FlexAttention can express (built inside, captured,
 #                                              # passed in), GQA statistics, EA and SimA, against their peers
-#                                              # (every n-th of the eight other units from the k-th, and causal
+#                                              # (every n-th of the nine other units from the k-th, and causal
 #                                              # in every part: sinks_window's ratio to it is a target; 1/3, 2/3
-#                                              # and 3/3 each fit a 10-minute command)
+#                                              # and 3/3 each fit a 10-minute command with eight units)
 #     bash scripts/gpu_check.sh generic  # #22: first-call times cold and from the cache in a new process, generic
 #                                        # against exact kernels at S=4096
 #     bash scripts/gpu_check.sh sweep    # #22: 50 random lengths (1K-32K) of h2o and keyformer, one generic plan
@@ -54,7 +54,7 @@ k, n = map(int, '$part'.split('/')); print(*programs.NAMES[k - 1::n])")"
         --json "$OUT/held_${d/,/_}_${part/\//of}.json" ;;
 peers)
     d=${2:-fp16}; part=${3:-1/1}
-    units=(sinks_window window prefix_lm alibi t5_bias softcap gqa linear)
+    units=(sinks_window window prefix_lm chunked alibi t5_bias softcap gqa linear)
     IFS=/ read -r k n <<< "$part"
     picked=("${units[@]:$((k - 1))}"); mine=(causal)
     for ((i = 0; i < ${#picked[@]}; i += n)); do mine+=("${picked[i]}"); done

@@ -57,6 +57,7 @@ ROWS: dict[str, Row] = {
     "window": Row(lambda i, j, S: (j <= i) & (j > i - S // 4)),
     "sinks_window": Row(lambda i, j, S: (j <= i) & ((j < SINKS) | (j > i - S // 4))),
     "prefix_lm": Row(lambda i, j, S: (j <= i) | (j < S // 4)),
+    "chunked": Row(lambda i, j, S: (j <= i) & (i // (S // 4) == j // (S // 4))),     # Llama 4's, four chunks
     "alibi": Row(lambda i, j, S: j <= i, "alibi"),
     "t5_bias": Row(lambda i, j, S: j <= i, "t5"),
     "softcap": Row(lambda i, j, S: j <= i, "softcap"),
