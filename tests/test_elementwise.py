@@ -228,16 +228,17 @@ def test_truncation_hyperbolic_and_float_tests_give_eagers_special_values(dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
-def test_inverse_hyperbolic_logit_and_nan_ignoring_extremes_give_eagers_special_values(dtype):
+def test_inverse_hyperbolic_logit_hypot_and_nan_ignoring_extremes_give_eagers_special_values(dtype):
     """logit (plain, and with eps in float32: for half inputs the CPU's eager rounds 1 - eps and CUDA's does not, so
     that stays eager), atanh (+-inf at +-1, NaN past), asinh (near 0, and past 2^28 where x^2 overflows), fmax and
-    fmin (the other operand where one is NaN) at zeros, infinities, NaN and edges."""
+    fmin (the other operand where one is NaN), hypot (its square of 1e30 would overflow float32; inf beside NaN)
+    at zeros, infinities, NaN and edges."""
     x = torch.tensor([0., -0., 1., -1., NAN, .5, -.5, 1e-4, .999, 2., -3., INF, -INF, 1e30, -1e30, .25]).to(dtype)
     y = torch.tensor([NAN, 1., NAN, -INF, 2., NAN, -INF, INF, 0., .5, 3., -1., NAN, 7., -3., 1.]).to(dtype)
 
     def fn(x, y):
         outs = (torch.logit(x), torch.logit(x, eps=1e-3 if x.dtype == torch.float32 else None), torch.atanh(x),
-                torch.asinh(x), torch.fmax(x, y), torch.fmin(x, y))
+                torch.asinh(x), torch.fmax(x, y), torch.fmin(x, y), torch.hypot(x, y))
         return (torch.stack(outs) * 1.0,)
 
     _special_values_match(fn, x, y)

@@ -240,6 +240,16 @@ def _fmax(pick: str) -> Callable[[_Math, Node, Operand], Node]:
     return formula
 
 
+def _hypot(m: _Math, a: Node, b: Operand) -> Node:
+    """sqrt(a^2 + b^2) without its overflow: the larger magnitude times sqrt(1 + r^2), r the ratio (at most 1); 0
+    where both are 0, inf where either is infinite (NaN beside it too), else NaN where either is."""
+    x, y = m("abs", a), m("abs", b) if isinstance(b, Node) else abs(float(b))
+    big, small = m("maximum", x, y), m("minimum", x, y)
+    r = m("div", small, big)
+    scaled = m("where", m.test("eq", big, 0.0), 0.0, m("mul", big, m("sqrt", m("add", m("mul", r, r), 1.0))))
+    return m("where", m("logical_or", m.test("eq", x, math.inf), m.test("eq", y, math.inf)), math.inf, scaled)
+
+
 def _tested(kind: str) -> Callable:
     """A capture rule for a float test: isnan as x != x, the infinities by comparison with them."""
     def rule(b: Builder, a: list, kw: dict, s: tuple, d: torch.dtype, src: str) -> Any:
@@ -279,6 +289,7 @@ RULES: dict[Any, Callable] = {
     aten.logit.default: lambda b, a, kw, s, d, src: None if d in WIDE and kw.get("eps", a[1] if len(a) > 1 else None)
     is not None else _pointwise(_logit, eps=None)(b, a, kw, s, d, src),
     aten.atanh.default: _pointwise(_atanh), aten.asinh.default: _pointwise(_asinh),
+    aten.hypot.default: _pointwise(_hypot, 2),
     aten.fmax.default: _pointwise(_fmax("maximum"), 2), aten.fmin.default: _pointwise(_fmax("minimum"), 2),
     **{getattr(aten, f"is{kind}").default: _tested(kind) for kind in ("nan", "inf", "posinf", "neginf", "finite")},
     aten.log10.default: _pointwise(_log10),
