@@ -116,6 +116,22 @@ def test_layer_norm_and_var_mean_lower_and_fuse(fn, dtype):
     assert not [n for n in program.plan.captured.nodes if n.op == "opaque"]
 
 
+@pytest.mark.unit
+def test_var_mean_of_an_infinity_gives_welfords_nan():
+    """Eager's var_mean, var and layer_norm take one Welford pass, whose mean of values holding an infinity is NaN
+    (inf - inf at the next element); the two-pass moments give that NaN too, and a single element stays itself."""
+    x = torch.randn(4, 6)
+    x[1, 2], x[2, 0], x[3, :] = math.inf, -math.inf, math.inf
+
+    def fn(x):
+        var, mean = torch.var_mean(x, dim=-1)
+        return var, mean, torch.var_mean(x[:, :1], dim=-1)[1], F.layer_norm(x, (6,))
+
+    outs, refs = evaluate(capture(fn, [x]), [x]), fn(x)
+    for o, r in zip(outs, refs):
+        assert torch.equal(o.isnan(), r.isnan()) and torch.equal(o.isinf(), r.isinf()), (o, r)
+
+
 def std_and_mean(x):
     std, mean = torch.std_mean(x, dim=-1, keepdim=True)
     return (x - mean) / std

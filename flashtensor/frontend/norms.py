@@ -3,6 +3,7 @@ and the moments var_mean returns, built from primitives that fuse (QK-norm befor
 computed in float32, as eager computes them."""
 from __future__ import annotations
 
+import math
 from typing import Any, Optional, Sequence
 
 import torch
@@ -26,13 +27,16 @@ def _to(b: Builder, x: Node, dtype: torch.dtype, src: str) -> Node:
 
 def moments(b: Builder, x: Node, dims: list[int], correction: float, src: str) -> tuple[Node, Node, Node]:
     """The mean over `dims` (kept), the deviations from it and their variance; two passes (the mean first), as
-    accurate as eager's one-pass Welford."""
+    accurate as eager's one-pass Welford, and NaN where an infinity makes Welford's NaN."""
     x = _to(b, x, WIDE.get(x.dtype, x.dtype), src)
     count = 1
     for d in dims:
         count *= x.shape[d]
     kept = tuple(1 if d in dims else n for d, n in enumerate(x.shape))
     mean = b.add("mean", (x,), kept, x.dtype, src, dims=dims, keepdim=True)
+    if count > 1:   # eager's one-pass Welford makes an infinite mean NaN (inf - inf at the next element)
+        infinite = b.add("eq", (b.add("abs", (mean,), kept, x.dtype, src), math.inf), kept, torch.bool, src)
+        mean = b.add("where", (infinite, math.nan, mean), kept, x.dtype, src)
     dev = b.add("sub", (x, mean), x.shape, x.dtype, src)
     total = b.add("reduce", (b.add("mul", (dev, dev), x.shape, x.dtype, src),), kept, x.dtype, src, kind="sum",
                   dims=dims, keepdim=True)
