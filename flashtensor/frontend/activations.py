@@ -217,6 +217,13 @@ def _logit(m: _Math, x: Node, eps: Any) -> Node:
     return m("log", m("div", x, m("sub", 1.0, x)))
 
 
+def _logit_rule(b: Builder, a: list, kw: dict, s: tuple, d: torch.dtype, src: str) -> Any:
+    """logit's capture rule; with eps, half inputs stay eager (see _logit)."""
+    if d in WIDE and kw.get("eps", a[1] if len(a) > 1 else None) is not None:
+        return None
+    return _pointwise(_logit, eps=None)(b, a, kw, s, d, src)
+
+
 def _atanh(m: _Math, x: Node) -> Node:
     """log((1 + x) / (1 - x)) / 2 as log1p(2 x / (1 - x)) / 2: no cancellation near 0; +-inf at +-1, NaN past."""
     return m("mul", m("log1p", m("div", m("mul", x, 2.0), m("sub", 1.0, x))), 0.5)
@@ -232,7 +239,7 @@ def _asinh(m: _Math, x: Node) -> Node:
     return m("where", m.test("lt", x, 0.0), m("neg", size), m("where", m.test("gt", x, 0.0), size, x))
 
 
-def _fmax(pick: str) -> Callable[[_Math, Node, Operand], Node]:
+def _ignoring_nan(pick: str) -> Callable[[_Math, Node, Operand], Node]:
     """fmax and fmin: the other operand where one is NaN (NaN only where both are)."""
     def formula(m: _Math, a: Node, b: Operand) -> Node:
         both = m("where", m.test("ne", b, b), a, m(pick, a, b)) if isinstance(b, Node) else m(pick, a, b)
@@ -260,8 +267,9 @@ def _tested(kind: str) -> Callable:
             return b.add("ne", (x, x), s, torch.bool, src)
         if kind in ("posinf", "neginf"):
             return b.add("eq", (x, math.inf if kind == "posinf" else -math.inf), s, torch.bool, src)
-        size = b.add("abs", (x,), x.shape, x.dtype, src)
-        return b.add("eq" if kind == "inf" else "lt", (size, math.inf), s, torch.bool, src)
+        if kind == "inf":
+            return b.infinite(x, src)
+        return b.add("lt", (b.add("abs", (x,), x.shape, x.dtype, src), math.inf), s, torch.bool, src)
     return rule
 
 
@@ -286,11 +294,11 @@ RULES: dict[Any, Callable] = {
     aten.hardswish.default: _pointwise(_hardswish),
     aten.celu.default: _pointwise(_celu, alpha=1.0),
     aten.heaviside.default: _pointwise(_heaviside, 2),
-    aten.logit.default: lambda b, a, kw, s, d, src: None if d in WIDE and kw.get("eps", a[1] if len(a) > 1 else None)
-    is not None else _pointwise(_logit, eps=None)(b, a, kw, s, d, src),
+    aten.logit.default: _logit_rule,
     aten.atanh.default: _pointwise(_atanh), aten.asinh.default: _pointwise(_asinh),
     aten.hypot.default: _pointwise(_hypot, 2),
-    aten.fmax.default: _pointwise(_fmax("maximum"), 2), aten.fmin.default: _pointwise(_fmax("minimum"), 2),
+    aten.fmax.default: _pointwise(_ignoring_nan("maximum"), 2),
+    aten.fmin.default: _pointwise(_ignoring_nan("minimum"), 2),
     **{getattr(aten, f"is{kind}").default: _tested(kind) for kind in ("nan", "inf", "posinf", "neginf", "finite")},
     aten.log10.default: _pointwise(_log10),
     aten.xlogy.Tensor: _pointwise(_xlogy, 2),

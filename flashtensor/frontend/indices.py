@@ -17,7 +17,7 @@ aten = torch.ops.aten
 def _by_number(a: list) -> bool:
     """An integer tensor over a nonzero integer."""
     x, y = a[0], a[1]
-    return isinstance(x, Node) and x.dtype not in (torch.bool,) and not x.dtype.is_floating_point and \
+    return isinstance(x, Node) and x.dtype != torch.bool and not x.dtype.is_floating_point and \
         isinstance(y, int) and not isinstance(y, bool) and y != 0
 
 

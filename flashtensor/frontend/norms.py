@@ -35,8 +35,7 @@ def moments(b: Builder, x: Node, dims: list[int], correction: float, src: str) -
     kept = tuple(1 if d in dims else n for d, n in enumerate(x.shape))
     mean = b.add("mean", (x,), kept, x.dtype, src, dims=dims, keepdim=True)
     if count > 1:   # eager's one-pass Welford makes an infinite mean NaN (inf - inf at the next element)
-        infinite = b.add("eq", (b.add("abs", (mean,), kept, x.dtype, src), math.inf), kept, torch.bool, src)
-        mean = b.add("where", (infinite, math.nan, mean), kept, x.dtype, src)
+        mean = b.add("where", (b.infinite(mean, src), math.nan, mean), kept, x.dtype, src)
     dev = b.add("sub", (x, mean), x.shape, x.dtype, src)
     total = b.add("reduce", (b.add("mul", (dev, dev), x.shape, x.dtype, src),), kept, x.dtype, src, kind="sum",
                   dims=dims, keepdim=True)

@@ -6,6 +6,7 @@ parameters in `attrs`. The op vocabulary and its meaning live in `ir.ops`.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Sequence
 
@@ -177,3 +178,8 @@ class Builder:
         n = Node(Op(op), tuple(args), dims, dtype, attrs, f"{op}{k}" if k else str(op), source)
         self.nodes.append(n)
         return n
+
+    def infinite(self, x: Node, source: str = "") -> Node:
+        """Where x is +-inf (not NaN): |x| == inf, a bool of x's shape."""
+        size = self.add("abs", (x,), x.shape, x.dtype, source)
+        return self.add("eq", (size, math.inf), x.shape, torch.bool, source)

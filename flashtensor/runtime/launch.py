@@ -275,16 +275,15 @@ def run_kernels(launches: Sequence[Launch], inputs: Sequence[torch.Tensor], devi
     own dict), the intermediates of the last call from this thread on this stream at the same sizes are reused:
     that call's kernels ran before these on the stream, and no intermediate leaves the call; outputs are new."""
     buffers = input_buffers(inputs, sizes)
-    held: dict = {}
+    reused = False
     if kept is not None:
         where = (threading.get_ident(), _current_stream(_current_device()) if _direct(device) else None)
-        at, held = kept.get(where, (None, held))
-        if at == buffers[AT]:
+        at, held = kept.get(where, (None, {}))
+        reused = at == buffers[AT]
+        if reused:
             buffers.update(held)
             if FINITE in held:
                 held[FINITE].zero_()
-        else:
-            held = {}
     for la in launches:
         la.allocate(buffers, device)
     for k, la in enumerate(launches):
@@ -292,7 +291,7 @@ def run_kernels(launches: Sequence[Launch], inputs: Sequence[torch.Tensor], devi
     for la in launches:
         if la.source.fixup:
             la(buffers, fixup=True, after_prior=True)
-    if kept is not None and not held:
+    if kept is not None and not reused:
         if len(kept) >= MEMO:
             kept.clear()
         kept[where] = (buffers[AT], {k: b for k, b in buffers.items() if _is_intermediate(k)})

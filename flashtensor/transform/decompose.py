@@ -74,8 +74,7 @@ def _logsumexp(b: Builder, n: Node, x: Node) -> Node:
     total = _red(b, "sum", e, dims, keep, s)
     m = m if keep else b.add("reshape", (m,), total.shape, m.dtype, s)
     lse = b.add("add", (m, b.add("log", (total,), total.shape, x.dtype, s)), total.shape, x.dtype, s)
-    infinite = b.add("eq", (b.add("abs", (m,), m.shape, m.dtype, s), math.inf), m.shape, torch.bool, s)
-    return _cast(b, b.add("where", (infinite, m, lse), total.shape, x.dtype, s), n.dtype, s)
+    return _cast(b, b.add("where", (b.infinite(m, s), m, lse), total.shape, x.dtype, s), n.dtype, s)
 
 
 def _norm(b: Builder, n: Node, x: Node) -> Node:
