@@ -499,20 +499,18 @@ def t5_bias_attention(q, k, v, position_bias):
     return torch.softmax(s.masked_fill(j > i, torch.finfo(s.dtype).min).float(), dim=-1).to(q.dtype) @ v
 
 
-@pytest.mark.parametrize("bad", ["none", "finfo.min", "inf", "nan", "skipped"])
+@pytest.mark.parametrize("bad", ["none", "finfo.min", "inf", "nan"])
 def test_a_bias_past_moderate_takes_the_fixup_pass(bad):
     """A bias per batch entry and head (read once, so not a run-time mask): skipping the tiles the causal mask
     fills with finfo.min is exact while every kept score is moderate, so the bias is checked to be at most MODERATE
-    in magnitude (one running minimum of -|x|) on the tiles the kernel computes and on those it skips. A row whose
-    kept scores are all finfo.min (HF folds its mask into T5's bias) is uniform over every key in eager, the
-    skipped ones too: the check sends it to the fixup pass, as it does an inf or NaN anywhere. A normal bias
-    passes (flag 0)."""
+    in magnitude (one running minimum of -|x|) on the tiles the kernel computes (the fill discards its values on
+    the tiles it skips: test_masks.test_values_a_mask_discards_are_not_checked). A row whose kept scores are all
+    finfo.min (HF folds its mask into T5's bias) is uniform over every key in eager, the skipped ones too: the
+    check sends it to the fixup pass, as it does an inf or NaN on a kept tile. A normal bias passes (flag 0)."""
     q, k, v = _qkv(torch.float32, 11)
     bias = torch.randn(B, H, S, S, generator=torch.Generator().manual_seed(12))
-    value = {"finfo.min": torch.finfo(torch.float32).min, "inf": math.inf, "nan": math.nan, "skipped": math.nan}
-    if bad == "skipped":
-        bias[1, 0, 3, 40] = math.nan            # in a tile above the diagonal, which the kernel skips
-    elif bad != "none":
+    value = {"finfo.min": torch.finfo(torch.float32).min, "inf": math.inf, "nan": math.nan}
+    if bad != "none":
         bias[1, 1, S - 5, : S - 4] = value[bad]
     args = (q, k, v, bias)
     _, prog = _compiled(t5_bias_attention, args)

@@ -481,3 +481,46 @@ def test_entropies_without_an_epsilon_fuse_and_skip_the_masked_tiles(entropy):
     for dtype in (torch.float32, torch.float16):
         skipped = _skips(fn, _qkv(dtype, S, S))
         assert len(skipped) == 1 and " and " not in skipped[0], skipped
+
+
+def _biased(additive: bool):
+    """A T5-style bias tensor added to the scores, then the causal mask: filled in (the bias's masked values are
+    discarded) or added as finfo.min (they still reach the sum: NaN + finfo.min is NaN)."""
+    def fn(q, k, v, bias):
+        s = q @ k.transpose(-1, -2) / math.sqrt(D) + bias
+        i, j = torch.arange(S)[:, None], torch.arange(S)[None, :]
+        if additive:
+            s = s + torch.zeros(S, S).masked_fill(j > i, torch.finfo(s.dtype).min)
+        else:
+            s = s.masked_fill(j > i, torch.finfo(s.dtype).min)
+        return torch.softmax(s, dim=-1) @ v
+    return fn
+
+
+@pytest.mark.parametrize("additive, where, flagged", [
+    (False, "masked", False), (False, "kept", True), (True, "masked", True)])
+def test_values_a_mask_discards_are_not_checked(additive, where, flagged):
+    """The finite check reads an input on the tiles the loop skips only where its values there reach a result: a
+    NaN and an inf the causal masked_fill discards leave the flag 0 (the first pass is exact; before, the check read
+    the whole bias, twice the kept tiles' bytes, and sent the call to the fixup pass), one on a kept tile or under an
+    additive mask sets it, and every output is eager's (NaN rows included). (A discarded value on a tile the loop
+    computes, across the diagonal, is still checked.)"""
+    from test_mask_tensors import _run
+
+    from flashtensor.codegen.artifact import FINITE
+    q, k, v = _inputs(torch.float32, 11)
+    bias = torch.randn(B, H, S, S, generator=torch.Generator().manual_seed(12))
+    i, j = 50, (66 if where == "masked" else 3)       # key 66 lies in a tile above the diagonal's
+    bias[0, 1, i, j], bias[1, 0, i - 7, j] = float("nan"), float("inf")
+    fn = _biased(additive)
+    compiled = ft.compile(fn, cache=False, configs=TILES)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = compiled(q, k, v, bias)
+    ref = fn(q, k, v, bias)
+    assert ref.isnan().any() == flagged
+    assert_close(out, ref)
+    prog = compiled.program_for((q, k, v, bias))
+    assert prog.launches and any("tiles it skipped" in kn.source for kn in prog.kernels) == additive
+    bufs = _run(prog, (q, k, v, bias))[0]
+    assert bufs[FINITE].isnan().item() == flagged

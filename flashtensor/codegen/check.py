@@ -139,13 +139,15 @@ def program_check(em: Tiles, slots: int, check: dict, part: int, tiles: Size, st
     """The finite check's lines at the end of a MODE=0 program (see emit_kernel): this program's piece of
     the kernel's part of each checked input, summed as x * 0 in the input's own precision (two half
     values per instruction); inputs of one size share a loop, so their loads are in flight together.
-    Inputs checked on the program's tiles (`em.checks`) add the loop tiles it skipped, then their sums.
+    Inputs checked on the program's tiles (`em.checks`) add the loop tiles it skipped, then their sums,
+    unless no value read there reaches a result (Schedule.read_when_skipped).
     That loop adds whole tiles and sums them once after it (a row sum per step costs shuffles). It has no
     dot, and Triton software-pipelines its loads only when told the stages: they then go through shared
     memory `stages` deep, as the main loop's operands do."""
     flag = em.buffer(FINITE, (1,), torch.float32, "intermediate", written=True)
     skipped = []
-    looped = [n for n, _ in em.checks.values() if em.s.loop in n.vars]
+    live = em.s.read_when_skipped()
+    looped = [n for n, _ in em.checks.values() if em.s.loop in n.vars and n.attrs["input"] in live]
     if looped:
         L = em.s.loop
         assert L is not None    # looped loads vary along the loop

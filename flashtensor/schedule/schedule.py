@@ -114,6 +114,28 @@ class Schedule:
                 return value
         return None
 
+    def read_when_skipped(self) -> set[int]:
+        """The inputs whose values would reach a loop reduction or an output on the tiles the loop skips: a
+        `where` whose condition the facts fix on every skipped region reads only the branch it takes there
+        (masked_fill's discarded scores), so an input only under the other branch needs no check on them."""
+        regions = [frozenset(r) for r in self.skip + self.runtime]
+        roots = [r.args[0] for r in self.accums] + [n for n in self.plan.roots if self.loop in n.vars]
+        out, seen, stack = set(), set(), [r for r in roots if isinstance(r, LNode)]
+        while stack:
+            n = stack.pop()
+            if id(n) in seen or n in self.boundary:
+                continue
+            seen.add(id(n))
+            if n.op == "load":
+                out.add(n.attrs["input"])
+            taken = n.inputs
+            if n.op == "where" and isinstance(n.args[0], LNode) and regions:
+                known = {self.constant_on(n.args[0], reg) for reg in regions}
+                if len(known) == 1 and (c := known.pop()) is not None:
+                    taken = [a for a in (n.args[1] if c else n.args[2],) if isinstance(a, LNode)]
+            stack += taken
+        return out
+
 
 def factorize(x: Union[LNode, float, int], power: int = 1, atoms: frozenset = frozenset()) -> list[Factor]:
     """A product as its factors, seeing through mul, div and float casts, but not through `atoms`: the
