@@ -29,11 +29,12 @@ W="attn h2o roco keyformer snapkv corm gemma2"
 case "${1:-}" in
 fuzz)
     # a process per core, stopped at 9 minutes (FUZZ_SECONDS); what each finished by then counts (a program takes
-    # some 15 s); SEEDS="103 107" replays those processes of a campaign alone
+    # some 15 s); SEEDS="103 107" replays those processes of a campaign alone; FUZZ_SEED=N adds N to the first
+    # seeds (100 fp16, 200 bf16, 300 fp32), so a session's campaign draws programs the last one did not
     read -r -a dts <<< "${2:-fp16 bf16}"
     p=$((16 / ${#dts[@]}))
     for d in "${dts[@]}"; do
-        seed=$(case $d in fp16) echo 100 ;; bf16) echo 200 ;; *) echo 300 ;; esac)
+        seed=$(($(case $d in fp16) echo 100 ;; bf16) echo 200 ;; *) echo 300 ;; esac) + ${FUZZ_SEED:-0}))
         which=(-p "$p" --seed "$seed"); [ -n "${SEEDS:-}" ] && which=(--seeds "${SEEDS// /,}")
         python scripts/fuzz_campaign.py "${which[@]}" -n 60 --seconds "${FUZZ_SECONDS:-540}" --dtypes "$d" \
             > "$OUT/fuzz_$d.log" 2>&1 &
