@@ -364,6 +364,27 @@ def test_rope_rotate_half_fuses_into_the_kernel_that_loads_q_and_k():
     assert "tl.dot(" in program.launches[0].source.source
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_rotated_queries_and_keys_stored_once_match_eager(dtype):
+    """The candidate that stores RoPE's rotated q and k in kernels of their own (partition/plan._computed_operand;
+    the GPU's search times it beside the greedy plan, which rotates them again for every tile) gives eager's
+    answer, and its attention kernel's tiles read neither cos nor sin."""
+    import test_partition
+
+    from flashtensor import driver
+    from flashtensor.bench.held import check_outputs
+    fn, args = test_partition.rope_causal, test_partition.rope_inputs(dtype)
+    k = test_partition.operand_candidate(next(iter(driver.candidate_plans(fn, list(args))))[1])
+    compiled = ft.compile(fn, cache=False, candidate=k)
+    out = compiled(*args)
+    assert all(m.ok for m in check_outputs(fn, args, out, fn(*args)))
+    launches = compiled.program_for(args).launches
+    assert len(launches) == 3
+    attention = launches[-1].source
+    tiles = attention.source.split("this program's piece of the finite check")[0]    # the check reads every input
+    assert not [b.name for b in attention.buffers if b.source in (("in", 3), ("in", 4)) and f"tl.load({b.name} " in tiles]
+
+
 def test_sink_column_joins_the_scores():
     q, k, v = qkv()
     sinks = torch.tensor([0.5, -1.0])

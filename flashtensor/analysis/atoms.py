@@ -107,7 +107,7 @@ def masks(nodes: list[LNode], scope: Scope) -> tuple[set[LNode], set[LNode]]:
         data[id(n)] = ok and (n.op in _UNBOUNDED or any(data[id(a)] for a in n.inputs))
 
     def shared(n: LNode) -> bool:
-        return data[id(n)] and any(v not in n.vars and longer(v.extent, 1) for v in scope.batch)
+        return data.get(id(n), False) and any(v not in n.vars and longer(v.extent, 1) for v in scope.batch)
 
     bools = {n for n in nodes if n.dtype == torch.bool and shared(n)}
     addends = {a for n in nodes if n.op in ("add", "sub") and not evaluable[id(n)]

@@ -31,6 +31,17 @@ class KernelPlan:
         return {v for r in self.roots for v in r.vars}
 
 
+@dataclass(frozen=True)
+class Cuts:
+    """A candidate partition's rules: what it cuts out besides reductions over a kernel's own parallel variables
+    (`_cuts`), and which merges it makes."""
+    whole: int = 0              # keep reductions over a variable of at most this extent (a program holds it whole)
+    nested: bool = False        # cut a sum that another sum reads (per-head column sums under a head-group sum)
+    invariant: int = 0          # cut long reductions constant along the longest parallel variable (k^T v)
+    operands: bool = False      # cut contraction operands computed from several loads (RoPE's rotated q and k)
+    related_only: bool = False  # merge a group only into a kernel whose values it reads or that reads it
+
+
 def _is_sum(n: LNode) -> bool:
     return n.op == "reduce" and n.attrs["kind"] == "sum"
 
@@ -40,8 +51,19 @@ def _of_statistics(n: LNode) -> bool:
     return any(a.op == "reduce" for a in loop_topo(n.inputs))
 
 
+def _computed_operand(n: LNode, a: LNode, over: Optional[Var]) -> bool:
+    """Whether `a` is an operand of the product `n` that a sum over `over` contracts, computed elementwise from
+    more than one load (RoPE's rotation, a cat of de-interleaved halves; no statistics, so not probabilities) and
+    constant along some variable of the product: each program of the contraction's kernel would compute it again
+    for every tile of the other operand."""
+    if n.op != "mul" or over is None or over not in a.vars or not set(a.vars) < set(n.vars):
+        return False
+    ops = [str(x.op) for x in loop_topo([a])]
+    return ops.count("load") > 1 and "reduce" not in ops and "at" not in ops
+
+
 def _cuts(roots: list[LNode], parallel: set[Var], produced: set[LNode],
-          whole: int = 0, nested: bool = False, invariant: int = 0) -> tuple[list[LNode], set[LNode]]:
+          rules: Cuts = Cuts()) -> tuple[list[LNode], set[LNode]]:
     """Reductions over a parallel variable reachable from `roots` (stopping at `produced`), except those
     over a variable of extent at most `whole`, which a program can hold whole in its tile; with `nested`,
     also a sum that another sum reads directly (per-head column sums under a sum over a head group), or
@@ -50,7 +72,9 @@ def _cuts(roots: list[LNode], parallel: set[Var], produced: set[LNode],
     over keys of P @ V); with `invariant` > 0, also a reduction longer than that whose value does not vary along
     the longest parallel variable, itself longer: the grid splits it, so each program would compute the value
     again (linear attention's d x d context k^T v under an output over queries, which each query tile would
-    recompute)."""
+    recompute); with `operands`, also a contraction's operand computed from several loads (`_computed_operand`),
+    which a kernel of its own stores once (each from `rules`)."""
+    whole, nested, invariant = rules.whole, rules.nested, rules.invariant
     longest = max(parallel, key=lambda v: (length(v.extent), -v.id), default=None)
     row = longest if invariant and longest is not None and longer(longest.extent, invariant) else None
     cuts: list[LNode] = []
@@ -73,7 +97,8 @@ def _cuts(roots: list[LNode], parallel: set[Var], produced: set[LNode],
             elif a.op == "reduce" and a not in roots and (
                     (a.attrs["var"] in parallel and longer(a.attrs["var"].extent, whole)) or
                     (nested and _is_sum(a) and (_is_sum(n) or (over in a.vars and _of_statistics(a)))) or
-                    (row is not None and row not in a.vars and longer(a.attrs["var"].extent, invariant))):
+                    (row is not None and row not in a.vars and longer(a.attrs["var"].extent, invariant))) or (
+                    rules.operands and a not in roots and _computed_operand(n, a, over)):
                 if a not in cuts:
                     cuts.append(a)
                 loads.add(a)
@@ -91,14 +116,15 @@ def partitions(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]], whol
     over short rows returned whole: one pass instead of statistics, then the elementwise pass). The fourth
     cuts a sum that another sum reads, directly or through elementwise values (GQA's column sums per head,
     then the sum over the head group). The fifth
-    cuts long reductions that do not vary along a kernel's longest parallel variable (`_cuts`' invariant)."""
+    cuts long reductions that do not vary along a kernel's longest parallel variable (`_cuts`' invariant). The
+    sixth stores contraction operands computed from several loads (`_computed_operand`: RoPE's rotated queries)."""
     out: list[list[KernelPlan]] = []
-    for related_only, short, nested, invariant in ((False, 0, False, 0), (True, 0, False, 0), (False, whole, False, 0),
-                                                   (False, 0, True, 0), (False, 0, False, whole)):
+    for rules in (Cuts(), Cuts(related_only=True), Cuts(whole=whole), Cuts(nested=True), Cuts(invariant=whole),
+                  Cuts(operands=True)):
         try:
-            plans = partition(g, accept, related_only, short, nested, invariant)
+            plans = partition(g, accept, rules)
         except PartitionError:
-            if short or nested or invariant:
+            if rules != Cuts():
                 continue
             raise
         if all(_grouping(plans) != _grouping(o) for o in out):
@@ -110,12 +136,11 @@ def _grouping(plans: list[KernelPlan]) -> set[frozenset[int]]:
     return {frozenset(id(r) for r in p.roots) for p in plans}
 
 
-def partition(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]], related_only: bool = False,
-              whole: int = 0, nested: bool = False, invariant: int = 0) -> list[KernelPlan]:
+def partition(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]], rules: Cuts = Cuts()) -> list[KernelPlan]:
     """Cover the outputs with kernels. `accept(plan)` returns None if a kernel can be scheduled,
-    else the reason; merges are only kept when accepted (and, with `related_only`, only between values
-    one of which reads the other); reductions over parallel variables of extent at most `whole` stay
-    in their kernel. Kernels come out in dependency order."""
+    else the reason; merges are only kept when accepted (and, with `rules.related_only`, only between values
+    one of which reads the other); `rules` says what else is cut out (`_cuts`). Kernels come out in dependency
+    order."""
     groups: list[list[LNode]] = []
     work = [o.node for o in g.outputs]
     produced: set[LNode] = set()
@@ -124,43 +149,44 @@ def partition(g: LoopGraph, accept: Callable[[KernelPlan], Optional[str]], relat
         if r in produced:
             continue
         produced.add(r)
-        cuts, _ = _cuts([r], set(r.vars), set(), whole, nested, invariant)
+        cuts, _ = _cuts([r], set(r.vars), set(), rules)
         groups.append([r])
         work.extend(c for c in cuts if c not in produced)
     # group roots with nested parallel variables, largest first
     groups.sort(key=lambda gr: -len(gr[0].vars))
     kernels: list[list[LNode]] = []
-    upstream = {id(r): {id(n) for n in loop_topo([r])} for gr in groups for r in gr} if related_only else {}
+    upstream = {id(r): {id(n) for n in loop_topo([r])} for gr in groups for r in gr} if rules.related_only else {}
     for i, gr in enumerate(groups):
         for k in kernels:
-            related = not related_only or any(id(gr[0]) in upstream[id(r)] or id(r) in upstream[id(gr[0])] for r in k)
+            related = not rules.related_only or any(
+                id(gr[0]) in upstream[id(r)] or id(r) in upstream[id(gr[0])] for r in k)
             if set(gr[0].vars) <= {v for r in k for v in r.vars} and related:
                 trial = KernelPlan(k + gr)
-                cuts, trial.loads = _cuts(trial.roots, trial.parallel, produced, whole, nested, invariant)
+                cuts, trial.loads = _cuts(trial.roots, trial.parallel, produced, rules)
                 # a merge that makes a value a cut which no kernel produces (a sum over a head group whose
                 # variable the merged kernel carries) is not a kernel, nor one that closes a cycle (a kernel that
                 # reads back a value it stores is one), counting the groups not placed yet as kernels of their own
                 merged = [k + gr if x is k else x for x in kernels] + groups[i + 1:]
-                if set(cuts) <= produced and _orderable(merged, whole, nested, invariant) and accept(trial) is None:
+                if set(cuts) <= produced and _orderable(merged, rules) and accept(trial) is None:
                     k.extend(gr)
                     break
         else:
             kernels.append(list(gr))
     plans = [KernelPlan(k) for k in kernels]
     for p in plans:
-        p.loads = _cuts(p.roots, p.parallel, produced, whole, nested, invariant)[1]
+        p.loads = _cuts(p.roots, p.parallel, produced, rules)[1]
     if _order(plans) is None:
         # reading what another kernel stores instead of recomputing it closed a cycle (a value stored by
         # one kernel that needs another's statistics): recompute such values, load only the true cuts
         for p in plans:
-            p.loads = _cuts(p.roots, p.parallel, set(), whole, nested, invariant)[1]
+            p.loads = _cuts(p.roots, p.parallel, set(), rules)[1]
     ordered = _order(plans)
     if ordered is None:
         raise PartitionError("kernels would depend on each other in a cycle")
     return ordered
 
 
-def _orderable(kernels: list[list[LNode]], whole: int, nested: bool, invariant: int) -> bool:
+def _orderable(kernels: list[list[LNode]], rules: Cuts) -> bool:
     """Whether kernels of these roots have an order, each loading only the values it cannot recompute: a merge
     that closes a cycle even so is refused (a kernel that reads back a value it stores, a stored value's own
     input merged into the kernel that reads it back, or either through a value a third kernel computes: a
@@ -168,7 +194,7 @@ def _orderable(kernels: list[list[LNode]], whole: int, nested: bool, invariant: 
     plans = [KernelPlan(k) for k in kernels]
     placed = {r for k in kernels for r in k}
     for p in plans:     # a value no kernel stores is none's dependency
-        p.loads = {a for a in _cuts(p.roots, p.parallel, set(), whole, nested, invariant)[1] if stored(a) in placed}
+        p.loads = {a for a in _cuts(p.roots, p.parallel, set(), rules)[1] if stored(a) in placed}
     return _order(plans) is not None
 
 
