@@ -483,28 +483,29 @@ def test_entropies_without_an_epsilon_fuse_and_skip_the_masked_tiles(entropy):
         assert len(skipped) == 1 and " and " not in skipped[0], skipped
 
 
-def _biased(additive: bool):
+def _biased(mask: str):
     """A T5-style bias tensor added to the scores, then the causal mask: filled in (the bias's masked values are
-    discarded) or added as finfo.min (they still reach the sum: NaN + finfo.min is NaN)."""
-    def fn(q, k, v, bias):
+    discarded), filled in from a bool mask passed in (its tiles skipped at run time), or added as finfo.min (they
+    still reach the sum: NaN + finfo.min is NaN)."""
+    def fn(q, k, v, bias, above):
         s = q @ k.transpose(-1, -2) / math.sqrt(D) + bias
         i, j = torch.arange(S)[:, None], torch.arange(S)[None, :]
-        if additive:
+        if mask == "additive":
             s = s + torch.zeros(S, S).masked_fill(j > i, torch.finfo(s.dtype).min)
         else:
-            s = s.masked_fill(j > i, torch.finfo(s.dtype).min)
+            s = s.masked_fill(above if mask == "passed" else j > i, torch.finfo(s.dtype).min)
         return torch.softmax(s, dim=-1) @ v
     return fn
 
 
-@pytest.mark.parametrize("additive, where, flagged", [
-    (False, "masked", False), (False, "kept", True), (True, "masked", True)])
-def test_values_a_mask_discards_are_not_checked(additive, where, flagged):
+@pytest.mark.parametrize("mask, where, flagged", [
+    ("fill", "masked", False), ("fill", "kept", True), ("passed", "masked", False), ("additive", "masked", True)])
+def test_values_a_mask_discards_are_not_checked(mask, where, flagged):
     """The finite check reads an input on the tiles the loop skips only where its values there reach a result: a
-    NaN and an inf the causal masked_fill discards leave the flag 0 (the first pass is exact; before, the check read
-    the whole bias, twice the kept tiles' bytes, and sent the call to the fixup pass), one on a kept tile or under an
-    additive mask sets it, and every output is eager's (NaN rows included). (A discarded value on a tile the loop
-    computes, across the diagonal, is still checked.)"""
+    NaN and an inf the causal masked_fill discards (the mask built inside or passed in) leave the flag 0 (the first
+    pass is exact; before, the check read the whole bias, twice the kept tiles' bytes, and sent the call to the
+    fixup pass), one on a kept tile or under an additive mask sets it, and every output is eager's (NaN rows
+    included). (A discarded value on a tile the loop computes, across the diagonal, is still checked.)"""
     from test_mask_tensors import _run
 
     from flashtensor.codegen.artifact import FINITE
@@ -512,15 +513,17 @@ def test_values_a_mask_discards_are_not_checked(additive, where, flagged):
     bias = torch.randn(B, H, S, S, generator=torch.Generator().manual_seed(12))
     i, j = 50, (66 if where == "masked" else 3)       # key 66 lies in a tile above the diagonal's
     bias[0, 1, i, j], bias[1, 0, i - 7, j] = float("nan"), float("inf")
-    fn = _biased(additive)
+    above = torch.ones(S, S, dtype=torch.bool).triu(1).expand(B, 1, S, S)
+    args = (q, k, v, bias, above)
+    fn = _biased(mask)
     compiled = ft.compile(fn, cache=False, configs=TILES)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        out = compiled(q, k, v, bias)
-    ref = fn(q, k, v, bias)
+        out = compiled(*args)
+    ref = fn(*args)
     assert ref.isnan().any() == flagged
     assert_close(out, ref)
-    prog = compiled.program_for((q, k, v, bias))
-    assert prog.launches and any("tiles it skipped" in kn.source for kn in prog.kernels) == additive
-    bufs = _run(prog, (q, k, v, bias))[0]
-    assert bufs[FINITE].isnan().item() == flagged
+    prog = compiled.program_for(args)
+    assert prog.launches and any("tiles it skipped" in kn.source for kn in prog.kernels) == (mask == "additive")
+    assert bool(ft.explain(compiled, *args).properties[0].runtime) == (mask == "passed")
+    assert _run(prog, args)[0][FINITE].isnan().item() == flagged
