@@ -4,7 +4,8 @@
 #     bash scripts/gpu_check.sh fuzz [DTYPE]   # random programs of each dtype named (fp16, bf16 or fp32; fp16 and
 #                                              # bf16 where none is) as compiled kernels, for 9 minutes
 #     bash scripts/gpu_check.sh held [DTYPE] [k/n]  # every held program (every n-th from the k-th), checked and
-#                                              # timed against eager (half of one dtype's per call fits 10 minutes)
+#                                              # timed against eager (half of one dtype's per call fits 10 minutes;
+#                                              # with REUSE=1, held_gpu.sh's, a whole dtype: 294 s on an H100)
 #     bash scripts/gpu_check.sh peers [DTYPE] [k/n] # #21: masks FlexAttention can express (built inside, captured,
 #                                              # passed in), GQA statistics, EA and SimA, against their peers
 #                                              # (every n-th of the nine other units from the k-th, and causal
