@@ -94,11 +94,12 @@ def _cuts(roots: list[LNode], parallel: set[Var], produced: set[LNode],
                 loads.add(a)
             elif a in produced and a not in roots:
                 loads.add(a)
-            elif a.op == "reduce" and a not in roots and (
-                    (a.attrs["var"] in parallel and longer(a.attrs["var"].extent, whole)) or
+            elif a not in roots and (
+                    (a.op == "reduce" and a.attrs["var"] in parallel and longer(a.attrs["var"].extent, whole)) or
                     (nested and _is_sum(a) and (_is_sum(n) or (over in a.vars and _of_statistics(a)))) or
-                    (row is not None and row not in a.vars and longer(a.attrs["var"].extent, invariant))) or (
-                    rules.operands and a not in roots and _computed_operand(n, a, over)):
+                    (row is not None and a.op == "reduce" and row not in a.vars and
+                     longer(a.attrs["var"].extent, invariant)) or
+                    (rules.operands and _computed_operand(n, a, over))):
                 if a not in cuts:
                     cuts.append(a)
                 loads.add(a)
