@@ -20,7 +20,7 @@ import logging
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 
@@ -119,23 +119,15 @@ class Schedule:
         `where` whose condition the facts fix on every skipped region reads only the branch it takes there
         (masked_fill's discarded scores), so an input only under the other branch needs no check on them."""
         regions = [frozenset(r) for r in self.skip + self.runtime]
-        roots = [r.args[0] for r in self.accums] + [n for n in self.plan.roots if self.loop in n.vars]
-        out, seen, stack = set(), set(), [r for r in roots if isinstance(r, LNode)]
-        while stack:
-            n = stack.pop()
-            if id(n) in seen or n in self.boundary:
-                continue
-            seen.add(id(n))
-            if n.op == "load":
-                out.add(n.attrs["input"])
-            taken = n.inputs
+
+        def taken(n: LNode) -> list[LNode]:
             if n.op == "where" and isinstance(n.args[0], LNode) and regions:
                 known = {self.constant_on(n.args[0], reg) for reg in regions}
                 if len(known) == 1 and (c := known.pop()) is not None:
-                    taken = [a for a in (n.args[1] if c else n.args[2],) if isinstance(a, LNode)]
-            stack += taken
-        return out
-
+                    return [a for a in (n.args[1] if c else n.args[2],) if isinstance(a, LNode)]
+            return n.inputs
+        roots = [r.args[0] for r in self.accums] + [n for n in self.plan.roots if self.loop in n.vars]
+        return _inputs([r for r in roots if isinstance(r, LNode)], self.boundary, taken)
 
 def factorize(x: Union[LNode, float, int], power: int = 1, atoms: frozenset = frozenset()) -> list[Factor]:
     """A product as its factors, seeing through mul, div and float casts, but not through `atoms`: the
@@ -422,9 +414,10 @@ def _carry(sched: Schedule, compute: list[LNode], boundary: frozenset[LNode], lo
     sched.masks = frozenset(_inputs(list(plain), boundary) - _inputs(list(sched.plan.roots), boundary | plain))
 
 
-def _inputs(nodes: list[LNode], boundary: frozenset[LNode]) -> set[int]:
+def _inputs(nodes: list[LNode], boundary: frozenset[LNode],
+            follow: Callable[[LNode], list[LNode]] = lambda n: n.inputs) -> set[int]:
     """The program inputs that `nodes` read, in this kernel (not through `boundary`: values loaded from earlier
-    kernels, or masks whose own values a run-time skip reads)."""
+    kernels, or masks whose own values a run-time skip reads), through the operands `follow` gives of each."""
     out, seen, stack = set(), set(), list(nodes)
     while stack:
         n = stack.pop()
@@ -433,7 +426,7 @@ def _inputs(nodes: list[LNode], boundary: frozenset[LNode]) -> set[int]:
         seen.add(id(n))
         if n.op == "load":
             out.add(n.attrs["input"])
-        stack += n.inputs
+        stack += follow(n)
     return out
 
 
