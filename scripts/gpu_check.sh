@@ -35,7 +35,8 @@ fuzz)
     read -r -a dts <<< "${2:-fp16 bf16}"
     p=$((16 / ${#dts[@]}))
     for d in "${dts[@]}"; do
-        seed=$(($(case $d in fp16) echo 100 ;; bf16) echo 200 ;; *) echo 300 ;; esac) + ${FUZZ_SEED:-0}))
+        case $d in fp16) seed=100 ;; bf16) seed=200 ;; *) seed=300 ;; esac
+        seed=$((seed + ${FUZZ_SEED:-0}))
         which=(-p "$p" --seed "$seed"); [ -n "${SEEDS:-}" ] && which=(--seeds "${SEEDS// /,}")
         python scripts/fuzz_campaign.py "${which[@]}" -n 60 --seconds "${FUZZ_SECONDS:-540}" --dtypes "$d" \
             > "$OUT/fuzz_$d.log" 2>&1 &
