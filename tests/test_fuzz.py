@@ -713,12 +713,21 @@ FOUND_IDS = ["colmax_fully_masked_rows", "fp16_large_scores", "bf16_linear", "si
 # then moves to FOUND); the campaign skips them, so that it reports new failures.
 OPEN: list[Spec] = []
 # on the GPU only, failing as said there (the campaign skips them there)
-OPEN_ON_GPU: list[Spec] = []
+OPEN_ON_GPU: list[Spec] = [
+    # the thirty-seventh session's H100 campaign (seed 123), fp16 compiled kernels: colstd's NaN columns differ
+    # from eager's. u's planted 0 (a +inf score in a masked tile of head 3, query 3, key 9) makes that head's
+    # whole column of statistics NaN in eager; the interpreter sets the check's flag and its fixup pass agrees,
+    # under every partition candidate. Not yet reproduced off the GPU
+    Spec("softmax", batch=1, heads=4, kv_heads=2, q_len=17, kv_len=54, dim=16, dtype=torch.float16, layout="bshd",
+         expand="expand", scale=0.25, cap=30.0, mask="chunked", width=14, apply="masked_fill",
+         stats=("colstd", "rowlse"), threshold=0.5, feature="ea", cast_inside=True, noise=True, plant=0.0, seed=386, config=10,
+         fill="finfo", mask_from="ones", gate=True, eps=1e-06, pack="list", scale_from="closure", act="sigmoid"),
+]
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "1") == "0"
 
 
 @pytest.mark.parametrize("spec", [pytest.param(sp, marks=pytest.mark.xfail(reason="open", strict=True)) for sp in OPEN] +
-                         [pytest.param(sp, marks=pytest.mark.xfail(ON_GPU, reason="sm_90 compile", strict=True))
+                         [pytest.param(sp, marks=pytest.mark.xfail(ON_GPU, reason="open on the GPU", strict=True))
                           for sp in OPEN_ON_GPU])
 def test_open_finds_fail_as_said(spec: Spec):
     run_spec(spec)
