@@ -18,6 +18,7 @@ import flashtensor as ft
 from conftest import assert_close
 from flashtensor.codegen.artifact import FINITE
 from flashtensor.options import TileConfig
+from flashtensor.runtime import launch
 from flashtensor.runtime.launch import run_kernels
 from flashtensor.testing import compare_with_exact
 
@@ -528,3 +529,38 @@ def test_a_mask_per_head_is_read_once_not_twice():
     q, k, v = _qkv(torch.float32, 8)
     compiled, _ = _compiled(hf_attention, (q, k, v, _additive(keep, torch.float32)))
     assert not ft.explain(compiled, q, k, v, _additive(keep, torch.float32)).properties[0].runtime
+
+
+def test_a_mask_passed_again_unwritten_keeps_its_tile_ranges(monkeypatch):
+    """The layers of a model pass one attention mask: a call that reads the same mask tensor as the last call at the
+    same sizes, unwritten since, keeps that call's tile ranges and launches no pre-pass (runtime/launch.py); a mask
+    written in place (here to keep every key, so stale ranges would still skip the window's masked tiles), another
+    tensor of the same values and one made under inference_mode (no version to compare) are read again. Every call
+    matches eager."""
+    q, k, v = _qkv(torch.float32)
+    mask = _additive(window(), torch.float32)
+    compiled, _ = _compiled(hf_attention, [q, k, v, mask])
+    names: list[str] = []
+    step = launch.Step.launch
+
+    def counted(self, buffers):
+        names.append(getattr(self.fn, "__name__", ""))
+        step(self, buffers)
+    monkeypatch.setattr(launch.Step, "launch", counted)
+
+    def prepasses(m) -> int:
+        names.clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = compiled(q, k, v, m)
+        assert_close(out, hf_attention(q, k, v, m))
+        return sum(n.endswith("_ranges") for n in names)
+    assert prepasses(mask) == 0           # _compiled's call read it
+    mask.zero_()
+    assert prepasses(mask) == 1
+    assert prepasses(mask) == 0
+    again = _additive(window(), torch.float32)
+    assert prepasses(again) == 1
+    with torch.inference_mode():
+        frozen = again.clone()
+    assert [prepasses(frozen) for _ in range(2)] == [1, 1]

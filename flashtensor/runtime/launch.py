@@ -7,6 +7,7 @@ import importlib.util
 import os
 import sys
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -101,13 +102,16 @@ class Launch:
     _memo: dict[tuple, Any] = field(default_factory=dict, repr=False, compare=False)      # steps and allocations
     _kernels: dict[tuple, Any] = field(default_factory=dict, repr=False, compare=False)   # Step.kernels
 
-    def __call__(self, buffers: dict, fixup: bool = False, after_prior: bool = False) -> None:
+    def __call__(self, buffers: dict, fixup: bool = False, after_prior: bool = False,
+                 prepasses: bool = True) -> None:
         """MODE=0: the kernel, each program also checking its piece of the inputs; MODE=1: the fixup pass
         (codegen/check.py says what both do). `after_prior`: a programmatic dependent launch where
         the device has them, which may start while the plan's kernel before it on the stream finishes (its
         programs first wait for that kernel's writes): the launch gap between a plan's kernels goes. Only
-        the plan's own kernels after its first are launched so; any kernel's wait is a no-op otherwise."""
-        for step in self.steps(buffers, fixup, after_prior):
+        the plan's own kernels after its first are launched so; any kernel's wait is a no-op otherwise.
+        Without `prepasses`, the pre-passes are left out: their buffers hold what they found for the same
+        masks (run_kernels)."""
+        for step in self.steps(buffers, fixup, after_prior, prepasses):
             step.launch(buffers)
 
     def compile(self, buffers: dict, fixup: bool = False, after_prior: bool = False) -> None:
@@ -116,17 +120,19 @@ class Launch:
         for step in self.steps(buffers, fixup, after_prior):
             step.fn.warmup(*step.args(buffers), grid=step.grid, **step.options)
 
-    def steps(self, buffers: dict, fixup: bool, after_prior: bool) -> list[Step]:
+    def steps(self, buffers: dict, fixup: bool, after_prior: bool, prepasses: bool = True) -> list[Step]:
         """The launches of one call, in order (`_steps`), worked out once per sizes, device and mode."""
         sizes = buffers.get(SIZES, {})
         device = buffers[self.source.buffers[0].source].device
-        return memoised(self._memo, (buffers.get(AT, ()), device, fixup, after_prior),
-                         lambda: self._steps(sizes, device, fixup, after_prior))
+        run = prepasses and not fixup
+        return memoised(self._memo, (buffers.get(AT, ()), device, fixup, after_prior, run),
+                         lambda: self._steps(sizes, device, fixup, after_prior, run))
 
-    def _steps(self, sizes: Mapping[str, int], device: torch.device, fixup: bool, after_prior: bool) -> list[Step]:
-        """The pre-passes (not in the fixup pass, which computes every tile and reads no run-time range), the
-        kernel, and the combine of a split loop (in the fixup pass too, after it recomputed the pieces; none where
-        the count comes to 1)."""
+    def _steps(self, sizes: Mapping[str, int], device: torch.device, fixup: bool, after_prior: bool,
+               prepasses: bool) -> list[Step]:
+        """The pre-passes where `prepasses` says (never in the fixup pass, which computes every tile and reads no
+        run-time range), the kernel, and the combine of a split loop (in the fixup pass too, after it recomputed
+        the pieces; none where the count comes to 1)."""
         src = self.source
         tiles, splits, merged, *before = self._grids(sizes)
         pdl = _dependent_launch(device)     # the code waits, and lets the next kernel launch early
@@ -140,7 +146,7 @@ class Launch:
                         self._kernels, spec, direct)
 
         out = []
-        for p, fn, n in zip(src.prologues if not fixup else [], self.prologues, before):
+        for p, fn, n in zip(src.prologues if prepasses else [], self.prologues, before):
             out.append(step(fn, n, p.buffers, p.sizes, PDL=pdl, launch_pdl=pdl and after_prior,
                             num_warps=p.num_warps))
             after_prior = True
@@ -195,6 +201,14 @@ class Launch:
         src = self.source
         return evaluator([src.grid[0], src.splits, src.combine.grid[0] if src.combine else 1] +
                          [p.grid[0] for p in src.prologues])
+
+    @functools.cached_property
+    def prepass_inputs(self) -> Optional[list[Any]]:
+        """The program inputs (buffer keys) the pre-passes read: the masks. None where they also read a buffer they
+        do not write themselves that is no program input (a value an earlier kernel computes)."""
+        own = {b.source for p in self.source.prologues for b in p.buffers if b.written}
+        read = list(dict.fromkeys(b.source for p in self.source.prologues for b in p.buffers if b.source not in own))
+        return read if all(_is_input(k) for k in read) else None
 
     @functools.cached_property
     def prologues(self) -> list[Any]:
@@ -273,29 +287,60 @@ def run_kernels(launches: Sequence[Launch], inputs: Sequence[torch.Tensor], devi
     """Allocate intermediates and outputs, launch every kernel, then the fixup pass where the plan has one
     (it returns at once unless an input was not finite); returns all buffers by key. With `kept` (the program's
     own dict), the intermediates of the last call from this thread on this stream at the same sizes are reused:
-    that call's kernels ran before these on the stream, and no intermediate leaves the call; outputs are new."""
+    that call's kernels ran before these on the stream, and no intermediate leaves the call; outputs are new. A
+    kernel's pre-passes are left out where that call read the same mask tensors, unwritten since (`_masks_read`):
+    the tile ranges they found are still in its buffers, as the layers of a model share one attention mask."""
     buffers = input_buffers(inputs, sizes)
-    reused = False
+    reused, found = False, {}
     if kept is not None:
         where = (threading.get_ident(), _current_stream(_current_device()) if _direct(device) else None)
-        at, held = kept.get(where, (None, {}))
+        at, held, found = kept.get(where, (None, {}, {}))
         reused = at == buffers[AT]
         if reused:
             buffers.update(held)
             if FINITE in held:
                 held[FINITE].zero_()
+            kept[where] = (at, held, {})    # until this call's pre-passes are done, none is known
+        else:
+            found = {}
     for la in launches:
         la.allocate(buffers, device)
+    masks = [_masks_read(la, buffers) for la in launches]
     for k, la in enumerate(launches):
-        la(buffers, after_prior=k > 0)
+        la(buffers, after_prior=k > 0, prepasses=not _unchanged(found.get(k), masks[k]))
     for la in launches:
         if la.source.fixup:
             la(buffers, fixup=True, after_prior=True)
-    if kept is not None and not reused:
-        if len(kept) >= MEMO:
+    if kept is not None:
+        if not reused and len(kept) >= MEMO:
             kept.clear()
-        kept[where] = (buffers[AT], {k: b for k, b in buffers.items() if _is_intermediate(k)})
+        held = {k: b for k, b in buffers.items() if _is_intermediate(k)}
+        kept[where] = (buffers[AT], held, {k: [(weakref.ref(t), v) for t, v in m] for k, m in enumerate(masks) if m})
     return buffers
+
+
+def _masks_read(la: Launch, buffers: dict) -> Optional[list[tuple[torch.Tensor, int]]]:
+    """The tensors a kernel's pre-passes read, each with its version (`t._version`, which every in-place write
+    moves); None where it has none, where they read a value an earlier kernel computes, or a tensor keeps no
+    version (one made under inference_mode): their pre-passes then run on every call."""
+    keys = la.prepass_inputs
+    if not keys:
+        return None
+    out = []
+    for key in keys:
+        t = buffers[key]
+        try:
+            out.append((t, t._version))
+        except RuntimeError:    # an inference tensor
+            return None
+    return out
+
+
+def _unchanged(before: Optional[list[tuple[Any, int]]], now: Optional[list[tuple[torch.Tensor, int]]]) -> bool:
+    """Whether a kernel's pre-passes read the same tensor objects (alive since, so no other took their place) at
+    the same versions as the call that `before` (weak references and versions) records."""
+    return before is not None and now is not None and len(before) == len(now) and \
+        all(ref() is t and v == w for (ref, v), (t, w) in zip(before, now))
 
 
 def _is_intermediate(key: Any) -> bool:

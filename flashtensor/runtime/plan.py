@@ -86,7 +86,7 @@ class Program:
         self.bucket: tuple = tuple(tuple(b) for b in plan.entry.get("bucket", ()))   # the tuned bucket
         # the int32 tile offsets' reach, all kernels' in one expression (evaluated on each call)
         self._at: dict[tuple, Any] = {}      # Program.at by the tensors' shapes
-        self._kept: dict[tuple, Any] = {}    # the last call's intermediates by thread and stream (run_kernels)
+        self._kept: dict[tuple, Any] = {}    # the last call's buffers and masks by thread and stream (run_kernels)
         self.reach = f"max([{', '.join(dict.fromkeys(x for k in self.kernels for x in k.reaches))}], default=0)"
 
     @property
