@@ -312,9 +312,10 @@ def run_kernels(launches: Sequence[Launch], inputs: Sequence[torch.Tensor], devi
         if la.source.fixup:
             la(buffers, fixup=True, after_prior=True)
     if kept is not None:
-        if not reused and len(kept) >= MEMO:
-            kept.clear()
-        held = {k: b for k, b in buffers.items() if _is_intermediate(k)}
+        if not reused:
+            if len(kept) >= MEMO:
+                kept.clear()
+            held = {k: b for k, b in buffers.items() if _is_intermediate(k)}
         kept[where] = (buffers[AT], held, {k: [(weakref.ref(t), v) for t, v in m] for k, m in enumerate(masks) if m})
     return buffers
 
