@@ -535,8 +535,8 @@ def test_a_mask_passed_again_unwritten_keeps_its_tile_ranges(monkeypatch):
     """The layers of a model pass one attention mask: a call that reads the same mask tensor as the last call at the
     same sizes, unwritten since, keeps that call's tile ranges and launches no pre-pass (runtime/launch.py); a mask
     written in place (here to keep every key, so stale ranges would still skip the window's masked tiles), another
-    tensor of the same values and one made under inference_mode (no version to compare) are read again. Every call
-    matches eager."""
+    tensor of the same values, one made under inference_mode (no version to compare) and any while a CUDA graph is
+    captured are read again. Every call matches eager."""
     q, k, v = _qkv(torch.float32)
     mask = _additive(window(), torch.float32)
     compiled, _ = _compiled(hf_attention, [q, k, v, mask])
@@ -564,3 +564,5 @@ def test_a_mask_passed_again_unwritten_keeps_its_tile_ranges(monkeypatch):
     with torch.inference_mode():
         frozen = again.clone()
     assert [prepasses(frozen) for _ in range(2)] == [1, 1]
+    monkeypatch.setattr(launch, "_capturing", lambda device: True)   # a CUDA graph's replay reads the mask anew
+    assert [prepasses(again) for _ in range(2)] == [1, 1]

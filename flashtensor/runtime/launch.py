@@ -305,7 +305,10 @@ def run_kernels(launches: Sequence[Launch], inputs: Sequence[torch.Tensor], devi
             found = {}
     for la in launches:
         la.allocate(buffers, device)
-    masks = [_masks_read(la, buffers) for la in launches]
+    # a CUDA graph being captured records the launches, not their effect: it keeps its pre-passes (a replay reads
+    # the mask then), and what it would leave in the buffers is no range found
+    capturing = any(la.source.prologues for la in launches) and _capturing(device)
+    masks = [None if capturing else _masks_read(la, buffers) for la in launches]
     for k, la in enumerate(launches):
         la(buffers, after_prior=k > 0, prepasses=not _unchanged(found.get(k), masks[k]))
     for la in launches:
@@ -318,6 +321,10 @@ def run_kernels(launches: Sequence[Launch], inputs: Sequence[torch.Tensor], devi
             held = {k: b for k, b in buffers.items() if _is_intermediate(k)}
         kept[where] = (buffers[AT], held, {k: [(weakref.ref(t), v) for t, v in m] for k, m in enumerate(masks) if m})
     return buffers
+
+
+def _capturing(device: torch.device) -> bool:
+    return _direct(device) and torch.cuda.is_current_stream_capturing()
 
 
 def _masks_read(la: Launch, buffers: dict) -> Optional[list[tuple[torch.Tensor, int]]]:
