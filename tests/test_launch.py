@@ -112,7 +112,7 @@ def test_a_call_reuses_the_last_calls_intermediates_and_never_its_outputs():
     for args in (a, b, c, a):
         got.append(fast(*args))
         (prog,) = fast.programs.values()
-        ((_, held),) = prog._kept.values()
+        ((_, held, _),) = prog._kept.values()
         if len(got) == 1:
             first = dict(held)
         assert held.keys() == first.keys() and all(held[key] is first[key] for key in held)
