@@ -28,6 +28,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..runtime.cache import signature
+from ..runtime.launch import version
 
 _MISSING = object()                 # an unbound name, an empty cell or an attribute that is not there
 _SCALARS = frozenset({int, float, bool, complex, str, bytes, type(None)})
@@ -70,14 +71,6 @@ class _Same:
 
     def __hash__(self) -> int:
         return id(self.obj)
-
-
-def version(t: torch.Tensor) -> int:
-    """`t._version`; -1 for an inference tensor, which keeps none."""
-    try:
-        return t._version
-    except RuntimeError:
-        return -1
 
 
 def fingerprint(v: Any, depth: int = 0) -> Any:

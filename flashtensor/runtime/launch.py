@@ -294,15 +294,14 @@ def run_kernels(launches: Sequence[Launch], inputs: Sequence[torch.Tensor], devi
     reused, found = False, {}
     if kept is not None:
         where = (threading.get_ident(), _current_stream(_current_device()) if _direct(device) else None)
-        at, held, found = kept.get(where, (None, {}, {}))
+        at, held, then = kept.get(where, (None, {}, {}))
         reused = at == buffers[AT]
         if reused:
+            found = then
             buffers.update(held)
             if FINITE in held:
                 held[FINITE].zero_()
             kept[where] = (at, held, {})    # until this call's pre-passes are done, none is known
-        else:
-            found = {}
     for la in launches:
         la.allocate(buffers, device)
     # a CUDA graph being captured records the launches, not their effect: it keeps its pre-passes (a replay reads
@@ -327,21 +326,23 @@ def _capturing(device: torch.device) -> bool:
     return _direct(device) and torch.cuda.is_current_stream_capturing()
 
 
+def version(t: torch.Tensor) -> int:
+    """`t._version`, which every in-place write moves; -1 for an inference tensor, which keeps none."""
+    try:
+        return t._version
+    except RuntimeError:
+        return -1
+
+
 def _masks_read(la: Launch, buffers: dict) -> Optional[list[tuple[torch.Tensor, int]]]:
-    """The tensors a kernel's pre-passes read, each with its version (`t._version`, which every in-place write
-    moves); None where it has none, where they read a value an earlier kernel computes, or a tensor keeps no
-    version (one made under inference_mode): their pre-passes then run on every call."""
+    """The tensors a kernel's pre-passes read, each with its `version`; None where it has none, where they read a
+    value an earlier kernel computes, or a tensor keeps no version (one made under inference_mode): their
+    pre-passes then run on every call."""
     keys = la.prepass_inputs
     if not keys:
         return None
-    out = []
-    for key in keys:
-        t = buffers[key]
-        try:
-            out.append((t, t._version))
-        except RuntimeError:    # an inference tensor
-            return None
-    return out
+    out = [(buffers[key], version(buffers[key])) for key in keys]
+    return None if any(v < 0 for _, v in out) else out
 
 
 def _unchanged(before: Optional[list[tuple[Any, int]]], now: Optional[list[tuple[torch.Tensor, int]]]) -> bool:
