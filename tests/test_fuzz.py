@@ -720,8 +720,9 @@ OPEN_ON_GPU: list[Spec] = [
     # under every partition candidate. Not yet reproduced off the GPU
     Spec("softmax", batch=1, heads=4, kv_heads=2, q_len=17, kv_len=54, dim=16, dtype=torch.float16, layout="bshd",
          expand="expand", scale=0.25, cap=30.0, mask="chunked", width=14, apply="masked_fill",
-         stats=("colstd", "rowlse"), threshold=0.5, feature="ea", cast_inside=True, noise=True, plant=0.0, seed=386, config=10,
-         fill="finfo", mask_from="ones", gate=True, eps=1e-06, pack="list", scale_from="closure", act="sigmoid"),
+         stats=("colstd", "rowlse"), threshold=0.5, feature="ea", cast_inside=True, noise=True, plant=0.0, seed=386,
+         config=10, fill="finfo", mask_from="ones", gate=True, eps=1e-06, pack="list", scale_from="closure",
+         act="sigmoid"),
 ]
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "1") == "0"
 

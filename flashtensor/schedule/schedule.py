@@ -129,6 +129,7 @@ class Schedule:
         roots = [r.args[0] for r in self.accums] + [n for n in self.plan.roots if self.loop in n.vars]
         return _inputs([r for r in roots if isinstance(r, LNode)], self.boundary, taken)
 
+
 def factorize(x: Union[LNode, float, int], power: int = 1, atoms: frozenset = frozenset()) -> list[Factor]:
     """A product as its factors, seeing through mul, div and float casts, but not through `atoms`: the
     values a kernel loads from an earlier one are factors as they stand, since the nodes inside them are
