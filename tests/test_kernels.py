@@ -401,6 +401,22 @@ def test_fp16_scale_split_rounds_like_eager(c):
     _rounds_like_eager(fused, eager, x, lo)
 
 
+@pytest.mark.parametrize("c", [0.125, 1 / math.sqrt(128), 1 / 3, -7.3])
+def test_fp16_scale_split_keeps_inf_and_nan(c):
+    """A score that overflowed fp16 is +-inf before the scale: _scale_f16 must give eager's +-inf (and NaN for
+    NaN), where the split's remainder is 0 (0.125 is exact in fp16) or of hi's other sign, so that a masked
+    -inf still gives p = 0 rather than a NaN that spreads over its row. On a GPU this runs the asm."""
+    from flashtensor.codegen.forms import _pair, split_f16
+    c32, hi, lo = split_f16(c)
+    device = "cuda" if torch.cuda.is_available() and not knobs.interpret() else "cpu"
+    x16 = torch.tensor([math.inf, -math.inf, math.nan, 1.0, -2.5, 65504.0, -65504.0] * 600,
+                       dtype=torch.float16, device=device)
+    out = torch.empty(x16.shape, dtype=torch.float32, device=device)
+    _scaled_by_helper[(triton.cdiv(x16.numel(), 4096),)](x16.float(), out, x16.numel(), c32, _pair(hi), _pair(lo),
+                                                        BLOCK=4096)
+    torch.testing.assert_close(out, (x16 * c).float(), rtol=0, atol=0, equal_nan=True)
+
+
 @triton.jit
 def _divided_by_helper(x_ptr, out_ptr, n, C: tl.constexpr, INV: tl.constexpr, BLOCK: tl.constexpr):
     """Every element of x through codegen.triton_helpers._div_as_eager, as generated kernels call it."""

@@ -67,12 +67,14 @@ def _mul_rn(x, y):
 def _scale_f16(x, c: tl.constexpr, hi2: tl.constexpr, lo2: tl.constexpr):
     # fp16(fp16(x) * c) for a float32 constant c, as eager rounds it. On the GPU, two elements at a time:
     # one conversion to an fp16 pair h, then h * hi + fp16(h * lo) with c = hi + lo in fp16 (hi2, lo2: each
-    # half's bits twice), then back to float32
+    # half's bits twice), then back to float32. The remainder is clamped to +-65504: it is finite for a
+    # finite h, and for h = +-inf (a score that overflowed) inf * 0 or inf - inf would make the sum NaN
     if _INTERPRETED:
         return (x.to(tl.float16).to(tl.float32) * c).to(tl.float16).to(tl.float32)
     else:
         return tl.inline_asm_elementwise(
-            "{ .reg .b32 h, p; .reg .f16 a, b; cvt.rn.f16x2.f32 h, $3, $2; mul.rn.f16x2 p, h, $6; "
+            "{ .reg .b32 h, p, m; .reg .f16 a, b; cvt.rn.f16x2.f32 h, $3, $2; mul.rn.f16x2 p, h, $6; "
+            "mov.b32 m, 0x7BFF7BFF; min.f16x2 p, p, m; mov.b32 m, 0xFBFFFBFF; max.f16x2 p, p, m; "
             "fma.rn.f16x2 h, h, $4, p; mov.b32 {a, b}, h; cvt.f32.f16 $0, a; cvt.f32.f16 $1, b; }",
             "=r,=r,r,r,r,r,r,r", [x, tl.full(x.shape, hi2, tl.int32), tl.full(x.shape, lo2, tl.int32)],
             dtype=tl.float32, is_pure=True, pack=2)
