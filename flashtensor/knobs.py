@@ -12,6 +12,7 @@ user's `os.environ[...] = ...` before the first compile takes effect; `override`
 | FLASHTENSOR_DEBUG=1 | debug | log every stage and decision to stderr (read at import) |
 | FLASHTENSOR_PROGRESS=1/0 | progress | one line per tuned kernel; default: when stderr is a terminal |
 | FLASHTENSOR_COMPILE_THREADS | compile_threads | kernels the tuner compiles at once (default: the cores, 16 at most) |
+| FLASHTENSOR_POISON=1 | poison | buffers a plan allocates start as NaN (integers: -2**31), not as memory was |
 """
 from __future__ import annotations
 
@@ -62,10 +63,17 @@ def compile_threads() -> int:
     return int(_get("compile_threads", os.environ.get("FLASHTENSOR_COMPILE_THREADS", min(16, usable))))
 
 
+def poison() -> bool:
+    """Whether a plan's outputs and intermediates are filled with NaN when allocated: a GPU's caching allocator
+    hands out memory that held other tensors, where a CPU's fresh pages are zeros, so a kernel that reads a
+    value no kernel wrote shows on the CPU too (the tests set it)."""
+    return bool(_get("poison", os.environ.get("FLASHTENSOR_POISON", "0") == "1"))
+
+
 @contextlib.contextmanager
 def override(**values: Any) -> Iterator[None]:
-    """Set knobs (interpret, cache_dir, cache, debug, progress, compile_threads) for the block; nests."""
-    unknown = set(values) - {"interpret", "cache_dir", "cache", "debug", "progress", "compile_threads"}
+    """Set knobs (interpret, cache_dir, cache, debug, progress, compile_threads, poison) for the block; nests."""
+    unknown = set(values) - {"interpret", "cache_dir", "cache", "debug", "progress", "compile_threads", "poison"}
     if unknown:
         raise TypeError(f"unknown knob(s): {', '.join(sorted(unknown))}")
     _overrides.append(values)

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton: kernels bind it when defined
+os.environ.setdefault("FLASHTENSOR_POISON", "1")  # a read of what no kernel wrote is NaN here too, as on a GPU
 
 from flashtensor.testing import as_tuple, compare, rel_err  # noqa: E402,F401  (rel_err is re-exported for tests)
 

@@ -123,3 +123,17 @@ def test_a_call_reuses_the_last_calls_intermediates_and_never_its_outputs():
             m = compare_with_exact(o, r, x, torch.float32)
             assert m.ok, m.problem
     assert got[0][0] is not got[3][0] and got[0][0].data_ptr() != got[3][0].data_ptr()
+
+
+@pytest.mark.unit
+def test_poison_fills_the_buffers_a_plan_allocates():
+    """With knobs.poison() (conftest sets it for every test) outputs and intermediates start as NaN or the most
+    negative int32, as a GPU's recycled memory may hold anything: a kernel reading what none wrote fails here."""
+    with knobs.override(poison=False):
+        assert launch._empty() is torch.empty
+    with knobs.override(poison=True):
+        make = launch._empty()
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            assert make((2, 3), dtype=dtype, device="cpu").isnan().all()
+        assert (make((5,), dtype=torch.int32, device="cpu") == -2 ** 31).all()
+        assert (make((5,), dtype=torch.int64, device="cpu") == -2 ** 31).all()

@@ -182,7 +182,7 @@ class Launch:
             if not _is_input(b.source):
                 split = _is_split(b.source)
                 out.setdefault(b.source, (b.source, None if one and split else shape, b.dtype, split and not one,
-                                          torch.zeros if b.source == FINITE else torch.empty))
+                                          torch.zeros if b.source == FINITE else _empty()))
         return list(out.values())
 
     @functools.cached_property
@@ -218,6 +218,17 @@ class Launch:
     def combine(self) -> Any:
         assert self.source.combine is not None     # launched only for a kernel with a split loop
         return load_kernel(self.source, self.source.combine.name)
+
+
+def _empty() -> Callable[..., torch.Tensor]:
+    """torch.empty, or with knobs.poison() one whose memory holds NaN or the most negative int32."""
+    if not knobs.poison():
+        return torch.empty
+
+    def poisoned(shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        t = torch.empty(shape, dtype=dtype, device=device)
+        return t.fill_(float("nan") if t.is_floating_point() else -2 ** 31 if dtype.itemsize >= 4 else 0)
+    return poisoned
 
 
 def _is_input(key: Any) -> bool:
