@@ -684,6 +684,13 @@ FOUND = [
     Spec(kind='sigmoid', batch=1, heads=1, kv_heads=1, q_len=8, kv_len=8, dim=32, dtype=torch.float32,
          scale=0.25, stats=('colvar_mean',), threshold=1.0, noise=True, plant=0.0, seed=19, fill='finfo',
          mask_from='buffer', pad=11, eps=1e-09, act='silu'),
+    # SiLU weights over a finfo.min causal mask, one query (the thirty-eighth session's H100 campaign, seed 124):
+    # the trace of the shape-generic plan left the ShapeEnv a guard Ne(-oo * (0.0 / kv_len), 0.0), and the guard
+    # printer had no source for -oo (an internal compiler error; the program planned per shape). sizes._print
+    # now writes infinities and NaN as float literals
+    Spec(kind='sigmoid', batch=1, heads=2, kv_heads=2, q_len=1, kv_len=5, dim=16, dtype=torch.float16,
+         layout='bshd', scale=0.25, cap=30.0, mask='causal', stats=('rowsum', 'entropy'), threshold=0.5, seed=746,
+         fill='finfo', mask_from='ones', eps=1e-09, act='silu'),
 ]
 
 
@@ -707,7 +714,8 @@ FOUND_IDS = ["colmax_fully_masked_rows", "fp16_large_scores", "bf16_linear", "si
              "one_key_rows_round_p_apart", "fp16_capped_product_fused", "bf16_capped_product_fused",
              "bf16_capped_alibi_product_fused", "fp16_padded_rows_keep_folded_keys",
              "bf16_fill_rounded_in_every_tile", "fp16_padded_rows_sum_to_one_across_kernels",
-             "silu_squares_of_padded_keys_in_order", "var_mean_of_an_infinite_column_is_nan"]
+             "silu_squares_of_padded_keys_in_order", "var_mean_of_an_infinite_column_is_nan",
+             "generic_guard_holds_an_infinity"]
 
 # Finds not fixed yet, each failing as the comment says (a strict xfail: the test fails once one passes, and it
 # then moves to FOUND); the campaign skips them, so that it reports new failures.
@@ -770,6 +778,11 @@ def test_a_shape_generic_plan_reads_a_value_back_in_two_dimensional_tiles():
 def test_a_shape_generic_plan_keeps_a_tile_an_epsilon_makes_nan():
     """fp16_epsilon_rounded_in_a_skipped_tile with the resize step: its shape-generic plan skipped the tile."""
     run_spec(FOUND[FOUND_IDS.index("fp16_epsilon_rounded_in_a_skipped_tile")])
+
+
+def test_a_shape_generic_plan_whose_guard_holds_an_infinity():
+    """generic_guard_holds_an_infinity with the resize step, where its shape-generic plan failed to print a guard."""
+    run_spec(FOUND[FOUND_IDS.index("generic_guard_holds_an_infinity")])
 
 
 @pytest.mark.parametrize("spec", FOUND, ids=FOUND_IDS)

@@ -190,6 +190,8 @@ def _print(e: Any, funcs: Mapping[str, str]) -> str:
         return f"({e.p} / {e.q})"
     if e.is_Float:
         return repr(float(e))
+    if e in (sympy.oo, -sympy.oo, sympy.nan):     # a float constant a trace derived from sizes: -inf * (0.0 / n)
+        return f'float("{float(e)}")'
     if e.is_Symbol:
         return str(e)
     if e.is_Add:
