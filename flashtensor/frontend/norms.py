@@ -39,6 +39,10 @@ def moments(b: Builder, x: Node, dims: list[int], correction: float, src: str) -
     dev = b.add("sub", (x, mean), x.shape, x.dtype, src)
     total = b.add("reduce", (b.add("mul", (dev, dev), x.shape, x.dtype, src),), kept, x.dtype, src, kind="sum",
                   dims=dims, keepdim=True)
+    if count == 1:  # one element's deviation from itself is 0 (NaN if it is not finite), as eager's; a kernel that
+        # computes x again for it may round it an ulp apart (an FMA contracted on the GPU in one pass, not the
+        # other), and that ulp squared over a correction's 0 made inf where eager's 0 / 0 is NaN
+        total = b.add("mul", (total, 0.0), kept, x.dtype, src)
     return mean, dev, b.add("div", (total, float(max(count - correction, 0))), kept, x.dtype, src)
 
 
