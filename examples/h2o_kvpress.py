@@ -37,6 +37,7 @@ def main() -> None:
         inputs = tokenizer(args.prompt, return_tensors="pt").to(device)
     else:
         tokenizer, vocab = None, 128
+        torch.manual_seed(0)    # the same weights and prompt every run (an unlucky draw greedily picks EOS first)
         config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                              num_key_value_heads=2, head_dim=16, vocab_size=vocab, pad_token_id=0)
         model = AutoModelForCausalLM.from_config(config).to(device)
