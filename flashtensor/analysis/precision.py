@@ -3,10 +3,11 @@
 Elsewhere a half value's float32 value stands for it: faster, and closer to the exact answer. Eager's rounding
 decides a result, and the kernels reproduce it, in three places:
 
-- a plan is "faithful", rounding every fp16 intermediate, when float32 outputs come from fp16 inputs (their 1e-4
-  contract is tighter than the rounding eager applies on the way) or an input is cast to fp16 (its zeros and
-  infs are eager's, a log of them); bf16's coarser rounding at other points than eager's costs more there
-  than it buys, so only fp16 makes a plan faithful;
+- a plan is "faithful", rounding every half intermediate, when float32 outputs come from half inputs (their 1e-4
+  contract is tighter than the rounding eager applies on the way) or an input is cast to a half type (its zeros
+  and infs are eager's, a log of them). In bf16 too: where a steep function (exp, mish's tail) amplifies a
+  score's rounding, float32 scores are a draw of error as large as eager's bf16 ones, and at times farther
+  from the exact answer than eager's;
 - in every plan, a cast of an input that rounds (ir.loops.rounds_input) and a half sum with a huge finite mask
   constant or a half input (`rounds_sum`);
 - in every plan, the values `decide` marks (`ROUNDS`): a half value whose zero decides a result (the operand
@@ -44,7 +45,7 @@ def decide(loops: LoopGraph) -> Precision:
         n.attrs[ROUNDS] = True
     narrowed = narrowed_inputs(loops)
     faithful = (any(o.dtype == torch.float32 for o in loops.outputs) and
-                any(dt == torch.float16 for _, dt in loops.inputs)) or torch.float16 in narrowed.values()
+                any(dt in _HALF for _, dt in loops.inputs)) or any(dt in _HALF for dt in narrowed.values())
     return Precision(faithful, narrowed)
 
 
