@@ -702,6 +702,19 @@ FOUND = [
          threshold=2.0, cast_inside=True, noise=True, plant=math.nan, seed=59725, config=4, fill='-1e9', pad=32,
          padding=True, rope=True, rope_style='interleaved', eps=1e-09, scale_from='kwarg', rescale=0.125,
          act='mish', floor=True),
+    # std over the queries at the resize to one query (the thirty-seventh session's H100 campaign, seed 123, fp16;
+    # the thirty-eighth's, seed 225, bf16): eager's std of one row is 0 / 0, NaN in every column, where the kernels
+    # gave inf in some (their second pass recomputes p an ulp from the first pass's mean: an FMA contracted in one
+    # place). norms.moments zeroes a one-element total; both passed on an H100 in the thirty-ninth session
+    Spec("softmax", batch=1, heads=4, kv_heads=2, q_len=17, kv_len=54, dim=16, dtype=torch.float16, layout="bshd",
+         expand="expand", scale=0.25, cap=30.0, mask="chunked", width=14, apply="masked_fill",
+         stats=("colstd", "rowlse"), threshold=0.5, feature="ea", cast_inside=True, noise=True, plant=0.0, seed=386,
+         config=10, fill="finfo", mask_from="ones", gate=True, eps=1e-06, pack="list", scale_from="closure",
+         act="sigmoid"),
+    Spec(kind='softmax', batch=1, heads=1, kv_heads=1, q_len=15, kv_len=55, dim=32, dtype=torch.bfloat16,
+         scale=1.0, cap=30.0, slope=-0.5, mask='prefix', width=34, apply='where', float_probs=True,
+         stats=('colstd', 'colsum'), threshold=2.0, cast_inside=True, seed=71, config=5, fill='finfo', eps=1e-09,
+         scale_from='global', rescale=0.5, sink=True),
 ]
 
 
@@ -726,30 +739,25 @@ FOUND_IDS = ["colmax_fully_masked_rows", "fp16_large_scores", "bf16_linear", "si
              "bf16_capped_alibi_product_fused", "fp16_padded_rows_keep_folded_keys",
              "bf16_fill_rounded_in_every_tile", "fp16_padded_rows_sum_to_one_across_kernels",
              "silu_squares_of_padded_keys_in_order", "var_mean_of_an_infinite_column_is_nan",
-             "generic_guard_holds_an_infinity", "bf16_mish_tail_rounds_scores_as_eager"]
+             "generic_guard_holds_an_infinity", "bf16_mish_tail_rounds_scores_as_eager",
+             "fp16_std_of_one_query", "bf16_std_of_one_query"]
 
 # Finds not fixed yet, each failing as the comment says (a strict xfail: the test fails once one passes, and it
 # then moves to FOUND); the campaign skips them, so that it reports new failures.
 OPEN: list[Spec] = []
 # on the GPU only, failing as said there (the campaign skips them there)
 OPEN_ON_GPU: list[Spec] = [
-    # the thirty-seventh session's H100 campaign (seed 123), fp16 compiled kernels: colstd's NaN columns differ
-    # from eager's. The thirty-eighth session's replay on an H100 (scratch gpu_find.py) found it at the resize
-    # to one query: eager's std over one row is 0 / 0, NaN in every column, where the kernels gave inf in 21 of
-    # 32 (the kernel's second pass recomputes p an ulp from the first pass's mean: an FMA contracted in one
-    # place). norms.moments now zeroes a one-element total (NaN kept); not yet run on a GPU
-    Spec("softmax", batch=1, heads=4, kv_heads=2, q_len=17, kv_len=54, dim=16, dtype=torch.float16, layout="bshd",
-         expand="expand", scale=0.25, cap=30.0, mask="chunked", width=14, apply="masked_fill",
-         stats=("colstd", "rowlse"), threshold=0.5, feature="ea", cast_inside=True, noise=True, plant=0.0, seed=386,
-         config=10, fill="finfo", mask_from="ones", gate=True, eps=1e-06, pack="list", scale_from="closure",
-         act="sigmoid"),
-    # the thirty-eighth session's H100 campaign (seed 225), bf16: colstd's NaN positions differ from eager's; it
-    # passes under the interpreter. Its resize calls include one query and one key, so likely the std of one
-    # row as above; not replayed on a GPU
-    Spec(kind='softmax', batch=1, heads=1, kv_heads=1, q_len=15, kv_len=55, dim=32, dtype=torch.bfloat16,
-         scale=1.0, cap=30.0, slope=-0.5, mask='prefix', width=34, apply='where', float_probs=True,
-         stats=('colstd', 'colsum'), threshold=2.0, cast_inside=True, seed=71, config=5, fill='finfo', eps=1e-09,
-         scale_from='global', rescale=0.5, sink=True),
+    # the thirty-ninth session's H100 campaign (seed 137), fp16: at the resize to 9 queries and 21 keys the argmax
+    # over keys, run by eager on the probabilities a generic plan's kernel stores (aten.max.dim has no lowering),
+    # is 16 in every row of both heads: the first key of the second 16-key tile, as if that tile of p were never
+    # written (the buffers start as NaN under FLASHTENSOR_POISON, and max's index is a NaN's). Each of the three
+    # candidate partitions passes under the interpreter, with or without forced splits and a compiled remainder;
+    # the plan the GPU's search picked is not known yet
+    Spec(kind='softmax', batch=1, heads=2, kv_heads=2, q_len=40, kv_len=54, dim=16, dtype=torch.float16,
+         layout='bshd', expand='repeat_interleave', scale=0.25, cap=5.0, mask='none', width=40, apply='additive',
+         float_probs=True, stats=('argmax', 'rowlse'), threshold=0.5, feature='ea', cast_inside=True, seed=4767,
+         config=11, fill='finfo', mask_from='ones', pad=34, padding=True, rope=True, rope_style='half',
+         rope_by='index', eps=1e-06, pack='args', scale_from='closure', act='sigmoid'),
 ]
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "1") == "0"
 
@@ -802,6 +810,12 @@ def test_a_shape_generic_plan_keeps_a_tile_an_epsilon_makes_nan():
 def test_a_bf16_plan_with_float32_outputs_rounds_its_scores_as_eager():
     """bf16_mish_tail_rounds_scores_as_eager with the resize step, whose third length failed."""
     run_spec(FOUND[FOUND_IDS.index("bf16_mish_tail_rounds_scores_as_eager")])
+
+
+@pytest.mark.parametrize("name", ["fp16_std_of_one_query", "bf16_std_of_one_query"])
+def test_the_std_over_one_query_is_nan_as_in_eager(name):
+    """The two finds with the resize step, whose one-query length failed on the GPU."""
+    run_spec(FOUND[FOUND_IDS.index(name)])
 
 
 def test_a_shape_generic_plan_whose_guard_holds_an_infinity():
