@@ -6,6 +6,11 @@ elements farthest from eager, so that the step which moves a rounding shows.
 
     PYTHONPATH=$PWD python scripts/fuzz_variants.py "Spec(...)" [--output 0] [--scale 0.125]
     TRITON_DEFAULT_FP_FUSION=0 PYTHONPATH=$PWD python scripts/fuzz_variants.py "Spec(...)"   # FMA contraction off
+    PYTHONPATH=$PWD python scripts/fuzz_variants.py "Spec(...)" --resize 1 --output 1 --dump d.pt
+
+With --resize K the compared call is the campaign's K-th length of the program (fuzz_programs.resized), made after
+the calls before it, so that it runs the shape-generic plan the campaign's did; --dump also writes the kernels'
+sources of each variant to DUMP.kernels.txt.
 
 The spec is a line as the campaign logs it (tests/test_fuzz.py's failures) or a file holding one.
 """
@@ -35,7 +40,7 @@ from flashtensor.api.compiled import Compiled  # noqa: E402
 from flashtensor.runtime import launch, plan  # noqa: E402
 from flashtensor.runtime.launch import Launch, load_kernel  # noqa: E402
 from flashtensor.testing import rel_err  # noqa: E402
-from fuzz_programs import TILES, Spec, build, inputs, invoke  # noqa: E402
+from fuzz_programs import TILES, Spec, build, inputs, invoke, resized  # noqa: E402
 
 LIB = "tl.extra.cuda.libdevice"
 EXP2 = [("tl.exp2(", f"{LIB}.exp2(")]
@@ -59,9 +64,14 @@ def interpreted_helpers() -> None:
     sys.path.insert(0, str(where))
 
 
+def programs(compiled: Compiled) -> list[plan.Program]:
+    """Every program the callable holds: those of exact shapes and the shape-generic ones."""
+    return list(compiled.programs.values()) + [p for ps in compiled.generic.values() for p in ps]
+
+
 def swapped(compiled: Compiled, swaps: list[tuple[str, str]]) -> None:
     """Every held program's kernels rebuilt from their source with `swaps` applied."""
-    for prog in compiled.programs.values():
+    for prog in programs(compiled):
         launches = []
         for la in prog.launches:
             src = la.source.source
@@ -78,9 +88,12 @@ def main() -> None:
     ap.add_argument("--output", type=int, default=0, help="which output to compare")
     ap.add_argument("--scale", type=float, help="the call's scale (the spec's by default; its rescale, say)")
     ap.add_argument("--dump", help="save eager's, float64's and each variant's outputs (torch.save) to this file")
+    ap.add_argument("--resize", type=int, default=0, help="compare the K-th resized call (1 or 2; 0: the spec's own)")
     a = ap.parse_args()
     text = Path(a.spec).read_text() if os.path.exists(a.spec) else a.spec
-    spec = eval(text.strip(), {"Spec": Spec, "torch": torch, "inf": float("inf"), "nan": float("nan")})
+    first = eval(text.strip(), {"Spec": Spec, "torch": torch, "inf": float("inf"), "nan": float("nan")})
+    calls = [first] + resized(first)
+    before, spec = calls[:a.resize], calls[a.resize]
     warnings.simplefilter("ignore")
     fn, args = build(spec), inputs(spec)
     scale = spec.scale if a.scale is None else a.scale
@@ -108,8 +121,10 @@ def main() -> None:
         buffers.clear()
         try:
             with torch.no_grad(), knobs.override(interpret=interpreter_form or knobs.interpret()):
+                for earlier in before:
+                    invoke(earlier, compiled, inputs(earlier), scale)
                 invoke(spec, compiled, args, scale)
-                progs = compiled.programs.values()
+                progs = programs(compiled)
                 if not any(prog.launches for prog in progs):
                     raise SystemExit("the plan fused nothing: " + "; ".join(n for pr in progs for n in pr.notes))
                 swapped(compiled, swaps)
@@ -120,6 +135,11 @@ def main() -> None:
             continue
         dump[name] = outs
         dump[name + " buffers"] = dict(buffers)
+        if a.dump:
+            with open(f"{a.dump}.kernels.txt", "a") as f:
+                for k, prog in enumerate(progs):
+                    for la in prog.launches:
+                        f.write(f"# {name}, program {k}, {la.source.name}, grid {la.source.grid}\n{la.source.source}\n")
         try:
             test_fuzz.check(spec, fn, args, outs, refs, scale)
             verdict = "passes"

@@ -752,7 +752,8 @@ OPEN_ON_GPU: list[Spec] = [
     # is 16 in every row of both heads: the first key of the second 16-key tile, as if that tile of p were never
     # written (the buffers start as NaN under FLASHTENSOR_POISON, and max's index is a NaN's). Each of the three
     # candidate partitions passes under the interpreter, with or without forced splits and a compiled remainder;
-    # the plan the GPU's search picked is not known yet
+    # the plan the GPU's search picked is not known yet (replay: scripts/fuzz_variants.py SPEC --resize 1 --output 1
+    # --dump d.pt, which keeps each variant's buffers and kernels)
     Spec(kind='softmax', batch=1, heads=2, kv_heads=2, q_len=40, kv_len=54, dim=16, dtype=torch.float16,
          layout='bshd', expand='repeat_interleave', scale=0.25, cap=5.0, mask='none', width=40, apply='additive',
          float_probs=True, stats=('argmax', 'rowlse'), threshold=0.5, feature='ea', cast_inside=True, seed=4767,
