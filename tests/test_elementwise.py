@@ -181,13 +181,16 @@ def test_activations_give_eagers_special_values(dtype):
 
 def _special_values_match(fn, x, y) -> tuple:
     """fn(x, y) compiled, fused with no note, and each output under the contract (float64 where it decides), NaN and
-    inf in the first where eager has them; the outputs and eager's."""
+    inf in the first where eager has them, or where float64 has them in its type where eager's differ (some CPUs'
+    vectorised float32 sinh(89) overflows: exp(89) / 2); the outputs and eager's."""
     compiled = ft.compile(fn, cache=False)
     out, ref, exact = compiled(x, y), fn(x, y), fn(x.double(), y.double())
     for o, r, e in zip(out, ref, exact):
         m = compare_with_exact(o, r, e)
         assert m.ok, m.problem
-    assert torch.equal(out[0].isnan(), ref[0].isnan()) and torch.equal(out[0].isinf(), ref[0].isinf())
+    o, r, e = out[0], ref[0], exact[0].to(ref[0].dtype)
+    for special in (torch.isnan, torch.isinf):
+        assert bool(((special(o) == special(r)) | ((special(r) != special(e)) & (special(o) == special(e)))).all())
     (program,) = compiled.programs.values()
     assert program.launches and not program.notes, program.notes
     return out, ref

@@ -14,6 +14,7 @@ from conftest import LINEAR, assert_close, compare, rel_err
 from flashtensor import FallbackWarning, workloads
 from flashtensor.ir.evaluate import evaluate
 from flashtensor.ir.ops import COMPOSITE
+from flashtensor.testing import compare_with_exact
 
 SEED = 20240611
 
@@ -70,6 +71,23 @@ def test_metric_requires_matching_nan_and_inf():
         bad = ref.clone()
         bad[i, j] = v
         assert not compare(bad, ref).ok, (i, j, v)
+
+
+@pytest.mark.unit
+def test_a_float32_output_may_be_finite_where_eager_overflowed_an_intermediate():
+    """Eager's float32 sinh(89) on some CPUs is exp(89) / 2, inf; float64's 2.24e38 fits float32. An output with
+    that value passes; one that keeps eager's inf passes too; one that is finite but far from it, or inf where
+    eager and float64 are finite, does not."""
+    x = torch.tensor([89.0, -89.2, 3.0], dtype=torch.float64)
+    exact = torch.sinh(x)
+    eager = exact.float()
+    eager[:2] = torch.tensor([math.inf, -math.inf])
+    assert compare_with_exact(exact.float(), eager, exact).ok
+    assert compare_with_exact(eager.clone(), eager, exact).ok
+    assert not compare_with_exact(exact.float() * 1.01, eager, exact).ok
+    wrong = exact.float()
+    wrong[2] = math.inf
+    assert not compare_with_exact(wrong, eager, exact).ok
 
 
 # ---- the reference workloads --------------------------------------------------------------------
