@@ -92,8 +92,11 @@ def main() -> None:
     a = ap.parse_args()
     text = Path(a.spec).read_text() if os.path.exists(a.spec) else a.spec
     first = eval(text.strip(), {"Spec": Spec, "torch": torch, "inf": float("inf"), "nan": float("nan")})
-    calls = [first] + resized(first)
-    before, spec = calls[:a.resize], calls[a.resize]
+    # the campaign's calls (test_fuzz.run_spec): the spec's own shape at its scale and rescale, then each length
+    later = resized(first)[:a.resize]
+    before = [(first, first.scale)] + ([(first, first.rescale)] if first.rescale is not None else []) + \
+        [(r, r.scale) for r in later[:-1]] if later else []
+    spec = later[-1] if later else first
     warnings.simplefilter("ignore")
     fn, args = build(spec), inputs(spec)
     scale = spec.scale if a.scale is None else a.scale
@@ -121,8 +124,8 @@ def main() -> None:
         buffers.clear()
         try:
             with torch.no_grad(), knobs.override(interpret=interpreter_form or knobs.interpret()):
-                for earlier in before:
-                    invoke(earlier, compiled, inputs(earlier), scale)
+                for earlier, at in before:
+                    invoke(earlier, compiled, inputs(earlier), at)
                 invoke(spec, compiled, args, scale)
                 progs = programs(compiled)
                 if not any(prog.launches for prog in progs):

@@ -144,15 +144,15 @@ def test_a_fully_masked_row_keeps_eagers_step_of_the_mask():
     assert torch.equal(o[:, 0], v[:, 0]) and _fused(compiled)
 
 
-def column_mass(q, k):
-    """bf16 scores, their float32 softmax's column sums: a float32 output from half inputs."""
+def column_mass(q, k, v):
+    """Scores in the inputs' type, their float32 softmax's column sums: a float32 output from half inputs."""
     s = q @ k.transpose(-1, -2) * 0.125
     return s.float().softmax(dim=-1).sum(dim=-2)
 
 
-def cast_scores(q, k):
-    """float32 inputs cast to a half type inside, a half output."""
-    return (q.to(torch.bfloat16) @ k.to(torch.bfloat16).transpose(-1, -2)).softmax(dim=-1)
+def half_scores(q, k, v):
+    """Scores and their softmax in the inputs' type: half outputs."""
+    return (q @ k.transpose(-1, -2)).softmax(dim=-1)
 
 
 @pytest.mark.unit
@@ -160,13 +160,11 @@ def cast_scores(q, k):
 def test_float32_outputs_of_half_inputs_make_a_plan_faithful(dtype):
     """Faithful (every half intermediate rounded as eager rounds it) where a float32 output comes from half inputs
     or an input is cast to a half type, in fp16 and bf16 alike; a half program with half outputs is not."""
-    def policy(fn, dt):
-        args = [torch.randn(2, 64, 16, dtype=dt) for _ in range(2)]
-        loops, _ = to_loops(fusable_part(decompose(capture(fn, args))))
-        return decide(loops).faithful
-    assert policy(column_mass, dtype)
-    assert policy(cast_scores, torch.float32)
-    assert not policy(lambda q, k: (q @ k.transpose(-1, -2)).softmax(dim=-1), dtype)
+    def cast_inside(q, k, v):
+        return half_scores(q.to(dtype), k.to(dtype), v)
+    assert decide(_loops(column_mass, *QKV, dtype=dtype)).faithful
+    assert decide(_loops(cast_inside, *QKV, dtype=torch.float32)).faithful
+    assert not decide(_loops(half_scores, *QKV, dtype=dtype)).faithful
 
 
 @pytest.mark.unit
