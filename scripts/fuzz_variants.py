@@ -64,14 +64,9 @@ def interpreted_helpers() -> None:
     sys.path.insert(0, str(where))
 
 
-def programs(compiled: Compiled) -> list[plan.Program]:
-    """Every program the callable holds: those of exact shapes and the shape-generic ones."""
-    return list(compiled.programs.values()) + [p for ps in compiled.generic.values() for p in ps]
-
-
 def swapped(compiled: Compiled, swaps: list[tuple[str, str]]) -> None:
     """Every held program's kernels rebuilt from their source with `swaps` applied."""
-    for prog in programs(compiled):
+    for prog in compiled.held_programs():
         launches = []
         for la in prog.launches:
             src = la.source.source
@@ -127,7 +122,7 @@ def main() -> None:
                 for earlier, at in before:
                     invoke(earlier, compiled, inputs(earlier), at)
                 invoke(spec, compiled, args, scale)
-                progs = programs(compiled)
+                progs = compiled.held_programs()
                 if not any(prog.launches for prog in progs):
                     raise SystemExit("the plan fused nothing: " + "; ".join(n for pr in progs for n in pr.notes))
                 swapped(compiled, swaps)

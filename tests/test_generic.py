@@ -55,7 +55,7 @@ def test_one_search_serves_every_length():
     info = c.cache_info()
     assert info["searches"] == 1 and info["generic"] == 1, info
     assert info["hits"] == len(shapes) - 1, info
-    (prog,) = [p for ps in c.generic.values() for p in ps]
+    (prog,) = c.generic_programs()
     assert not prog.plan.eager and prog.kernels, prog.notes
     assert all(k.sizes for k in prog.kernels)      # the kernels take the lengths as arguments
 
@@ -196,7 +196,7 @@ def test_each_length_bucket_tunes_once(monkeypatch):
         _check(h2o_finfo, c, _inputs(2, 2, s, s, seed=k))
     info = c.cache_info()
     assert info["searches"] == 1 and info["tunes"] == 2 and info["generic"] == 2, info
-    small, large = [p for ps in c.generic.values() for p in ps]
+    small, large = c.generic_programs()
     assert max(small.kernels[0].blocks.values()) == 32 and max(large.kernels[0].blocks.values()) == 128
 
 
@@ -265,7 +265,7 @@ def test_a_generic_plan_priced_slower_than_eager_is_priced_again_per_bucket(monk
     assert launched, "the kernels priced faster in the second bucket run there"
     info = c.cache_info()
     assert info["searches"] == 1 and info["tunes"] == 2 and info["generic"] == 2, info
-    small, large = [p for ps in c.generic.values() for p in ps]
+    small, large = c.generic_programs()
     assert small.plan.eager and not small.launches and any("took 2.000 ms" in n for n in small.notes), small.notes
     assert not large.plan.eager and large.launches and not any("took" in n for n in large.notes), large.notes
 
@@ -364,7 +364,7 @@ def test_a_generic_plan_tiles_queries_shorter_than_the_head_dimension():
     c = ft.compile(attention, cache=False)
     for sq, sk in [(73, 35), (23, 66), (40, 90)]:
         _check(attention, c, _inputs(1, 2, sq, sk, d=32))
-    (prog,) = [p for ps in c.generic.values() for p in ps]
+    (prog,) = c.generic_programs()
     long = [torch.empty(1, 2, n, 32, device="meta") for n in (1000, 50, 50)]
     (kernel,) = prog.kernels
     assert evaluate(kernel.grid[0], prog.sizes(long)) <= 2 * math.ceil(1000 / 16), kernel.grid
@@ -390,7 +390,7 @@ def test_a_one_query_generic_plan_tiles_the_head_dimension():
     c = ft.compile(_decode_h2o, dynamic=True, cache=False)
     for h, sk in [(2, 200), (3, 77)]:
         _check(_decode_h2o, c, [x.transpose(1, 2) for x in _inputs(1, h, 1, sk, d=32, seed=sk)])
-    (prog,) = [p for ps in c.generic.values() for p in ps]
+    (prog,) = c.generic_programs()
     now = prog.sizes([x.transpose(1, 2) for x in _inputs(1, 3, 1, 77, d=32)])
     row = prog.kernels[0]       # attention and the row statistics; the column sums' kernel follows
     assert evaluate(row.grid[0], now) <= 3 * evaluate(row.splits, now), (row.grid, row.blocks)
@@ -460,7 +460,7 @@ def test_the_eager_remainder_of_a_generic_plan_takes_the_calls_sizes():
     c = ft.compile(ranked_scores, cache=False)
     for sq, sk in [(20, 30), (33, 47), (5, 64)]:
         _check(ranked_scores, c, _inputs(2, 2, sq, sk, seed=sq))
-    (prog,) = [p for ps in c.generic.values() for p in ps]
+    (prog,) = c.generic_programs()
     assert prog.launches and prog.remainder is not None and prog.remainder.generic
     assert c.cache_info()["hits"] == 1, c.cache_info()
 
@@ -504,7 +504,7 @@ def test_generic_linear_attention_offers_the_context_kernel():
     for n in (40, 11, 70):
         args = [torch.randn(1, 2, n, 16, generator=g) for _ in range(3)]
         torch.testing.assert_close(c(*args), efficient_attention(*args), rtol=2e-5, atol=2e-5)
-    (prog,) = [p for ps in c.generic.values() for p in ps]
+    (prog,) = c.generic_programs()
     assert sorted(len(kernels) for kernels in prog.plan.stages["partition"]) == [1, 2]
 
 
@@ -657,7 +657,7 @@ def test_offsets_past_int32_widen_or_refuse_the_plan():
         q, kk, v = _inputs(1, 2, s, s, seed=k)
         noise = torch.rand(1, 2, s, s, generator=torch.Generator().manual_seed(k)) + 0.01
         _check(fn, c, [q, kk, v, noise], tol=2e-4)
-    (prog,) = [p for ps in c.generic.values() for p in ps]
+    (prog,) = c.generic_programs()
     src = "\n".join(k.source for k in prog.kernels)
     assert "tl.cast(i_" in src and ", tl.int64)" in src      # scalar indices widened before they scale
 

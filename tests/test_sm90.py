@@ -141,7 +141,7 @@ def test_generic_kernels_take_every_length_unspecialised(tmp_path):
     compiled = ft.compile(h2o, dynamic=True, cache=False)
     for n in (1, 33):
         compiled(*(torch.randn(1, 2, n, 16) for _ in range(3)))
-    kernels = [k for ps in compiled.generic.values() for p in ps for k in p.kernels]
+    kernels = [k for p in compiled.generic_programs() for k in p.kernels]
     assert kernels and all(k.sizes for k in kernels)
     backend = make_backend(GPUTarget("cuda", 90, 32))
     for k in kernels:

@@ -86,7 +86,7 @@ def _run(fn, args, splits: int | None, **options):
         warnings.simplefilter("ignore")
         out = c(*args)
     _close(fn, out, args)
-    (prog,) = list(c.programs.values()) + [p for ps in c.generic.values() for p in ps]
+    (prog,) = c.held_programs()
     assert not prog.plan.eager, prog.notes
     return prog
 
@@ -140,7 +140,7 @@ def test_generic_plan_splits_at_run_time():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             assert_close(c(*args), h2o(*args))
-        (prog,) = [p for ps in c.generic.values() for p in ps]
+        (prog,) = c.generic_programs()
         row = next(k for k in prog.kernels if k.combine is not None)
         counts.append(evaluate(row.splits, prog.sizes(args)))
         # the pieces' scratch is allocated only where the loop splits: in one piece the kernel writes none

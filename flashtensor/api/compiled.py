@@ -73,11 +73,19 @@ class Compiled:
             return self._eager(args, kwargs)
         return prog.run(call.leaves)
 
+    def generic_programs(self) -> list[Program]:
+        """The shape-generic programs held, of every structure."""
+        return [p for ps in self.generic.values() for p in ps]
+
+    def held_programs(self) -> list[Program]:
+        """Every program held: those of exact shapes, then the shape-generic ones."""
+        return list(self.programs.values()) + self.generic_programs()
+
     def cache_info(self) -> dict[str, int]:
         """How this callable's calls went, as functools.lru_cache reports: plan searches and tunes run in this
         process (a plan read from the on-disk cache needs neither), calls that found a plan held (`hits`) and
         those that built one (`misses`), and the plans held, shape-generic ones among them."""
-        generic = sum(len(ps) for ps in self.generic.values())
+        generic = len(self.generic_programs())
         return {**self._counts, "plans": len(self.programs) + generic, "generic": generic}
 
     def _held(self, call: Call, tune: bool = False) -> Optional[Program]:
