@@ -17,7 +17,7 @@
 #     bash scripts/gpu_check.sh decode   # #22: h2o with 1, 4, 16 queries against 8K-128K keys, against its peers
 #     bash scripts/gpu_check.sh host     # #22: h2o's cold first call, then the host time of a generic call, profiled
 #     bash scripts/gpu_check.sh wide     # keyformer with one head's S x S noise past 2**31 elements (int64 tiles)
-#     bash scripts/gpu_check.sh ab DIR   # the reference workloads, DIR's compiler (a `git archive REV
+#     bash scripts/gpu_check.sh ab DIR   # the nine reference workloads, DIR's compiler (a `git archive REV
 #                                        # flashtensor` copy) against this tree's, timed side by side
 #
 # Each part runs its compile-heavy work in parallel processes first (Triton's compiler is the slow part), then
@@ -26,7 +26,7 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
-W="attn h2o roco keyformer snapkv corm gemma2"
+W="attn h2o roco keyformer snapkv corm gemma2"     # the attention workloads; the A/B adds the linear two
 case "${1:-}" in
 fuzz)
     # a process per core, stopped at 9 minutes (FUZZ_SECONDS); what each finished by then counts (a program takes
@@ -102,9 +102,11 @@ wide)
     python -m flashtensor.bench.generic wide --json "$OUT/wide.json" | tee "$OUT/wide.txt" ;;
 ab)
     base=${2:?the base tree: a directory holding a flashtensor package}
-    for w in $W; do python -m flashtensor.bench.ab "$w" --trees "base=$base,new=." --check-only > /dev/null 2>&1 & done
+    for w in $W ea sima; do
+        python -m flashtensor.bench.ab "$w" --trees "base=$base,new=." --check-only > /dev/null 2>&1 &
+    done
     wait
-    python -m flashtensor.bench.ab $W --trees "base=$base,new=." --rep 30 | tee "$OUT/ab.txt" ;;
+    python -m flashtensor.bench.ab $W ea sima --trees "base=$base,new=." --rep 30 | tee "$OUT/ab.txt" ;;
 *)
     echo "usage: bash scripts/gpu_check.sh fuzz [DTYPE] | held [DTYPE] [k/n] | peers [DTYPE] [k/n] | generic | sweep | decode | host | wide | ab BASE_TREE" >&2; exit 2 ;;
 esac
