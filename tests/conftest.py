@@ -24,6 +24,27 @@ def _session_cache_dir(tmp_path_factory):
     os.environ["FLASHTENSOR_CACHE_DIR"] = str(tmp_path_factory.mktemp("flashtensor-cache"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _programs_run_last_to_first():
+    """Triton's interpreter runs a grid's programs one at a time, first to last, where a GPU runs them at once in
+    any order: a kernel whose program reads what a later program of the same launch writes passes in order.
+    Here they run last to first, so such a dependency fails on the CPU too."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        yield
+        return
+    from triton.runtime import interpreter
+    builder = type(interpreter.interpreter_builder)
+    in_order = builder.set_grid_idx
+
+    def last_to_first(self, x: int, y: int, z: int) -> None:
+        nx, ny, nz = self.grid_dim
+        in_order(self, nx - 1 - x, ny - 1 - y, nz - 1 - z)
+
+    builder.set_grid_idx = last_to_first
+    yield
+    builder.set_grid_idx = in_order
+
+
 @pytest.fixture(autouse=True)
 def _unit_tests_launch_no_kernels(request, monkeypatch):
     """The `unit` tier (pyproject.toml's markers) launches no generated kernel: for a test marked unit,

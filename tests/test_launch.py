@@ -137,3 +137,19 @@ def test_poison_fills_the_buffers_a_plan_allocates():
             assert make((2, 3), dtype=dtype, device="cpu").isnan().all()
         assert (make((5,), dtype=torch.int32, device="cpu") == -2 ** 31).all()
         assert (make((5,), dtype=torch.int64, device="cpu") == -2 ** 31).all()
+
+
+@pytest.mark.skipif(not knobs.interpret(), reason="the order of the interpreter's programs (tests/conftest.py)")
+def test_the_interpreter_runs_a_grids_programs_last_to_first():
+    """Each program stores the count of programs that ran before it: under the tests' interpreter the last runs
+    first, so a kernel whose programs read one another's writes fails on the CPU as it may on a GPU."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def order(counter, out):
+        tl.store(out + tl.program_id(0), tl.atomic_add(counter, 1))
+
+    counter, out = torch.zeros(1, dtype=torch.int32), torch.full((5,), -1, dtype=torch.int32)
+    order[(5,)](counter, out)
+    assert out.tolist() == [4, 3, 2, 1, 0]
