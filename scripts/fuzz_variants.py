@@ -12,7 +12,9 @@ With --resize K the compared call is the campaign's K-th length of the program (
 the calls before it, so that it runs the shape-generic plan the campaign's did; --dump also writes the kernels'
 sources of each variant to DUMP.kernels.txt.
 
-The spec is a line as the campaign logs it (tests/test_fuzz.py's failures) or a file holding one.
+Each variant's first call at the compared length, which plans and tunes (as built, before any swap), is checked
+too, and which partition its search chose is printed. The spec is a line as the campaign logs it
+(tests/test_fuzz.py's failures) or a file holding one.
 """
 from __future__ import annotations
 
@@ -77,6 +79,22 @@ def swapped(compiled: Compiled, swaps: list[tuple[str, str]]) -> None:
         prog.launches = launches
 
 
+def verdict(spec: Spec, fn: Any, args: tuple, outs: Any, refs: Any, scale: float) -> str:
+    """The campaign's check of one call's outputs."""
+    try:
+        test_fuzz.check(spec, fn, args, outs, refs, scale)
+        return "passes"
+    except AssertionError as e:
+        return f"fails ({str(e).splitlines()[0][:100]})"
+
+
+def searched(prog: plan.Program) -> str:
+    """Which partition the search chose for a program (of how many), at which sizes, with which kernels."""
+    stages = prog.plan.stages
+    chosen = f"candidate {stages['tune'][0]} of {len(stages['partition'])}" if "tune" in stages else "not searched"
+    return f"{chosen}, bucket {prog.bucket}: {', '.join(la.source.name for la in prog.launches) or 'eager'}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("spec", help="a Spec(...) line, or a file holding one")
@@ -121,10 +139,12 @@ def main() -> None:
             with torch.no_grad(), knobs.override(interpret=interpreter_form or knobs.interpret()):
                 for earlier, at in before:
                     invoke(earlier, compiled, inputs(earlier), at)
-                invoke(spec, compiled, args, scale)
+                first = invoke(spec, compiled, args, scale)
                 progs = compiled.held_programs()
                 if not any(prog.launches for prog in progs):
                     raise SystemExit("the plan fused nothing: " + "; ".join(n for pr in progs for n in pr.notes))
+                print(f"{name}: first call {verdict(spec, fn, args, first, refs, scale)}; " +
+                      "; ".join(searched(prog) for prog in progs))
                 swapped(compiled, swaps)
                 outs = invoke(spec, compiled, args, scale)
                 got = test_fuzz.as_tuple(outs)[a.output]
@@ -138,13 +158,9 @@ def main() -> None:
                 for k, prog in enumerate(progs):
                     for la in prog.launches:
                         f.write(f"# {name}, program {k}, {la.source.name}, grid {la.source.grid}\n{la.source.source}\n")
-        try:
-            test_fuzz.check(spec, fn, args, outs, refs, scale)
-            verdict = "passes"
-        except AssertionError as e:
-            verdict = f"fails ({str(e).splitlines()[0][:100]})"
         off = (got.double() - ref.double()).abs().flatten().cpu()
-        print(f"{name}: {rel_err(got, exact):.4e} from float64, {rel_err(got, ref):.4e} from eager; {verdict}")
+        print(f"{name}: {rel_err(got, exact):.4e} from float64, {rel_err(got, ref):.4e} from eager; "
+              f"{verdict(spec, fn, args, outs, refs, scale)}")
         for i in off.argsort(descending=True)[:4].tolist():
             print(f"    [{i}] ft {got.flatten()[i].item():.6g}  eager {ref.flatten()[i].item():.6g}  "
                   f"float64 {exact.flatten()[i].item():.6g}")
