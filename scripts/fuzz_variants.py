@@ -7,6 +7,7 @@ elements farthest from eager, so that the step which moves a rounding shows.
     PYTHONPATH=$PWD python scripts/fuzz_variants.py "Spec(...)" [--output 0] [--scale 0.125]
     TRITON_DEFAULT_FP_FUSION=0 PYTHONPATH=$PWD python scripts/fuzz_variants.py "Spec(...)"   # FMA contraction off
     PYTHONPATH=$PWD python scripts/fuzz_variants.py "Spec(...)" --resize 1 --output 1 --dump d.pt
+    PYTHONPATH=$PWD python scripts/fuzz_variants.py "Spec(...)" --variants "as built,no dependent launch"
 
 With --resize K the compared call is the campaign's K-th length of the program (fuzz_programs.resized), made after
 the calls before it, so that it runs the shape-generic plan the campaign's did; --dump also writes the kernels'
@@ -102,6 +103,7 @@ def main() -> None:
     ap.add_argument("--scale", type=float, help="the call's scale (the spec's by default; its rescale, say)")
     ap.add_argument("--dump", help="save eager's, float64's and each variant's outputs (torch.save) to this file")
     ap.add_argument("--resize", type=int, default=0, help="compare the K-th resized call (1 or 2; 0: the spec's own)")
+    ap.add_argument("--variants", help="only these variants, comma-separated (all by default)")
     a = ap.parse_args()
     text = Path(a.spec).read_text() if os.path.exists(a.spec) else a.spec
     first = eval(text.strip(), {"Spec": Spec, "torch": torch, "inf": float("inf"), "nan": float("nan")})
@@ -131,7 +133,10 @@ def main() -> None:
 
     if a.dump:
         plan.run_kernels = kept
+    wanted = a.variants.split(",") if a.variants else list(VARIANTS)
     for name, (interpreter_form, swaps, pdl) in VARIANTS.items():
+        if name not in wanted:
+            continue
         launch._dependent_launch = dependent if pdl else (lambda device: False)
         compiled = ft.compile(fn, cache=False, configs=[TILES[spec.config]], eager_if_faster=False)
         buffers.clear()
