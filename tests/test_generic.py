@@ -683,3 +683,32 @@ def test_an_exact_plan_past_int32_in_one_head_widens_its_tile_offsets():
         sources = [emit_kernel(spec, CONFIGS[0]).source for spec in plan.stages["emit"][0]]
         return any(re.search(r"o_\w+(\[[^\]]*\])?\.to\(tl\.int64\)", src) for src in sources)
     assert widened(47000) and not widened(40000)
+
+
+@pytest.mark.unit
+def test_a_size_hint_is_a_python_number_and_a_sympy_size_prints_as_one_operand():
+    """torch 2.11's size_hint gives a sympy Integer: a group count made from one, times a SymInt, was a sympy
+    product that kernels' placement printed as sympy does, `pid // 18*((s + 15)//16)`, which Python and Triton
+    read as (pid // 18) * ..., so half a column kernel's programs took another's tiles (the H100 campaign's
+    argmax find). A hint is a Python number, and a sympy size prints through the size printer."""
+    import sympy
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.sym_node import SymNode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from flashtensor.ir import sizes
+    env = ShapeEnv()
+    sym = env.create_symbol(21, ConstantSource("s"))
+    ntiles = (env.create_symintnode(sym, hint=21) + 15) // 16
+    span = sympy.Integer(18) * ntiles
+    assert sizes.symbolic(span)
+    for pid in (0, 17, 18, 35):
+        assert eval(f"pid // {sizes.source(span)}", {}, {"pid": pid, str(sym): 21}) == 0
+    old = SymNode.hint
+    try:
+        SymNode.hint = property(lambda self: None)     # no hint kept: the shape environment's is asked
+        name = "guarding_hint_or_throw" if hasattr(env, "guarding_hint_or_throw") else "size_hint"
+        setattr(env, name, lambda e: sympy.Integer(2))
+        assert type(sizes.hint(ntiles)) is int and sizes.hint(ntiles) == 2
+    finally:
+        SymNode.hint = old

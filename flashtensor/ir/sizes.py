@@ -20,12 +20,16 @@ Size = int | torch.SymInt
 
 
 def symbolic(x: Any) -> bool:
-    """Whether x is a size that differs between the calls a plan serves."""
+    """Whether x is a size that differs between the calls a plan serves (a sympy expression of size symbols too)."""
+    if isinstance(x, sympy.Basic):
+        return bool(x.free_symbols)
     return isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)) and bool(x.node.expr.free_symbols)
 
 
 def hint(x: Any) -> Any:
-    """x's value in the traced call, without a guard: for choices every size would be correct with."""
+    """x's value in the traced call, without a guard: for choices every size would be correct with. A Python
+    number: torch 2.11's size_hint gives a sympy Integer, and a product of one with a SymInt is a sympy
+    expression, which `source` printed as sympy does (`pid // 18*((s + 15)//16)` divided by 18 first)."""
     if not isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return x
     node = x.node
@@ -33,8 +37,17 @@ def hint(x: Any) -> Any:
         return node.hint
     env = node.shape_env
     if hasattr(env, "guarding_hint_or_throw"):      # torch 2.13 renamed size_hint
-        return env.guarding_hint_or_throw(node.expr)
-    return env.size_hint(node.expr)
+        return _number(env.guarding_hint_or_throw(node.expr))
+    return _number(env.size_hint(node.expr))
+
+
+def _number(v: Any) -> Any:
+    """A sympy number as Python's bool, int or float; anything else as it is."""
+    if not isinstance(v, sympy.Basic):
+        return v
+    if v.is_Boolean:
+        return bool(v)
+    return int(v) if v.is_integer else float(v)
 
 
 def expr(x: Any) -> sympy.Expr:
