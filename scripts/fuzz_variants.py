@@ -134,6 +134,8 @@ def main() -> None:
     if a.dump:
         plan.run_kernels = kept
     wanted = a.variants.split(",") if a.variants else list(VARIANTS)
+    if set(wanted) - set(VARIANTS):
+        ap.error(f"unknown variants {sorted(set(wanted) - set(VARIANTS))}; there are {list(VARIANTS)}")
     for name, (interpreter_form, swaps, pdl) in VARIANTS.items():
         if name not in wanted:
             continue

@@ -26,7 +26,8 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
-W="attn h2o roco keyformer snapkv corm gemma2"     # the attention workloads; the A/B adds the linear two
+W="attn h2o roco keyformer snapkv corm gemma2"     # the attention workloads
+AB="$W ea sima"                                   # the nine reference workloads
 case "${1:-}" in
 fuzz)
     # a process per core, stopped at 9 minutes (FUZZ_SECONDS); what each finished by then counts (a program takes
@@ -102,11 +103,11 @@ wide)
     python -m flashtensor.bench.generic wide --json "$OUT/wide.json" | tee "$OUT/wide.txt" ;;
 ab)
     base=${2:?the base tree: a directory holding a flashtensor package}
-    for w in $W ea sima; do
+    for w in $AB; do
         python -m flashtensor.bench.ab "$w" --trees "base=$base,new=." --check-only > /dev/null 2>&1 &
     done
     wait
-    python -m flashtensor.bench.ab $W ea sima --trees "base=$base,new=." --rep 30 | tee "$OUT/ab.txt" ;;
+    python -m flashtensor.bench.ab $AB --trees "base=$base,new=." --rep 30 | tee "$OUT/ab.txt" ;;
 *)
     echo "usage: bash scripts/gpu_check.sh fuzz [DTYPE] | held [DTYPE] [k/n] | peers [DTYPE] [k/n] | generic | sweep | decode | host | wide | ab BASE_TREE" >&2; exit 2 ;;
 esac

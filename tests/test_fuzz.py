@@ -259,8 +259,7 @@ def _resized(new: Spec, compiled: Compiled, k: int, held: list[Program], before:
     TALLY["generic"] += k == 0 and after["generic"] > before["generic"]
     bugs = [n for notes in compiled.refused.values() for n in notes if n.startswith("internal compiler error")]
     assert not bugs, f"the shape-generic plan at {(new.q_len, new.kv_len)}: {bugs}"
-    made = [p for p in compiled.held_programs()
-            if all(p is not q for q in own)]
+    made = [p for p in compiled.held_programs() if all(p is not q for q in own)]
     kind, kinds = outcome(own), {outcome([p]) for p in made}
     assert not (kind == "fused" and "partial" in kinds), f"at {(new.q_len, new.kv_len)}: {kinds}, {kind} before"
     if k == 1 and held:

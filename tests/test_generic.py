@@ -686,11 +686,11 @@ def test_an_exact_plan_past_int32_in_one_head_widens_its_tile_offsets():
 
 
 @pytest.mark.unit
-def test_a_size_hint_is_a_python_number_and_a_sympy_size_prints_as_one_operand():
+def test_a_size_hint_is_a_python_number_and_a_sympy_size_prints_as_one_operand(monkeypatch):
     """torch 2.11's size_hint gives a sympy Integer: a group count made from one, times a SymInt, was a sympy
     product that kernels' placement printed as sympy does, `pid // 18*((s + 15)//16)`, which Python and Triton
-    read as (pid // 18) * ..., so half a column kernel's programs took another's tiles (the H100 campaign's
-    argmax find). A hint is a Python number, and a sympy size prints through the size printer."""
+    read as (pid // 18) * ..., so a column kernel's programs past its first group placed themselves in none (the
+    H100 campaign's argmax find). A hint is a Python number, and a sympy size prints through the size printer."""
     import sympy
     from torch._dynamo.source import ConstantSource
     from torch.fx.experimental.sym_node import SymNode
@@ -704,11 +704,7 @@ def test_a_size_hint_is_a_python_number_and_a_sympy_size_prints_as_one_operand()
     assert sizes.symbolic(span)
     for pid in (0, 17, 18, 35):
         assert eval(f"pid // {sizes.source(span)}", {}, {"pid": pid, str(sym): 21}) == 0
-    old = SymNode.hint
-    try:
-        SymNode.hint = property(lambda self: None)     # no hint kept: the shape environment's is asked
-        name = "guarding_hint_or_throw" if hasattr(env, "guarding_hint_or_throw") else "size_hint"
-        setattr(env, name, lambda e: sympy.Integer(2))
-        assert type(sizes.hint(ntiles)) is int and sizes.hint(ntiles) == 2
-    finally:
-        SymNode.hint = old
+    monkeypatch.setattr(SymNode, "hint", property(lambda self: None))   # no hint kept: the shape environment's
+    name = "guarding_hint_or_throw" if hasattr(env, "guarding_hint_or_throw") else "size_hint"
+    monkeypatch.setattr(env, name, lambda e: sympy.Integer(2))
+    assert type(sizes.hint(ntiles)) is int and sizes.hint(ntiles) == 2

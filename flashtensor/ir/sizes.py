@@ -105,8 +105,7 @@ def value(x: Any, sizes: Mapping[str, int]) -> Any:
     """x at the given values of its symbols (a call's sizes)."""
     if not symbolic(x):
         return hint(x)
-    v = expr(x).xreplace({s: sympy.Integer(sizes[str(s)]) for s in expr(x).free_symbols})
-    return int(v) if v.is_integer else float(v)
+    return _number(expr(x).xreplace({s: sympy.Integer(sizes[str(s)]) for s in expr(x).free_symbols}))
 
 
 def at(x: Any, sizes: Mapping[str, int]) -> Any:
