@@ -15,8 +15,8 @@ HALF = (torch.float16, torch.bfloat16)
 UNARY: dict[Op, str] = {op: e.triton for op, e in ELEMENTWISE.items() if GROUP[op] is Group.UNARY and e.triton}
 BINARY: dict[Op, str] = {op: e.triton for op, e in ELEMENTWISE.items() if GROUP[op] is Group.BINARY and e.triton}
 # where a result is rounded to a half type as eager rounds it, the function eager's CUDA kernel calls, so that the
-# rounding lands where eager's does (the fast form of tanh cancels near 0: bf16 soft caps rounded an ulp off)
-AS_EAGER: dict[Op, str] = {Op.TANH: "_tanh({})"}
+# rounding lands where eager's does (bf16 soft caps rounded an ulp off with the kernels' own tanh)
+AS_EAGER: dict[Op, str] = {Op.TANH: "_tanh_as_eager({})"}
 # tl.max/tl.min drop NaNs (maxnum); torch's amax/amin/maximum propagate them, so kernels reduce with these
 NAN_REDUCE = {"max": "_max_over", "min": "_min_over"}
 

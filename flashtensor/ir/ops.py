@@ -146,7 +146,7 @@ UNARY_OPS: dict[Op, Elementwise] = {
     Op.NEG: Elementwise(torch.neg, "(-{})", ("neg.default",)),
     Op.EXP: Elementwise(torch.exp, "tl.exp({})", ("exp.default",)),
     Op.LOG: Elementwise(torch.log, "tl.log({})", ("log.default",)),
-    Op.TANH: Elementwise(torch.tanh, f"(1.0 - 2.0 / (tl.exp2({2 * _LOG2E!r} * {{}}) + 1.0))", ("tanh.default",)),
+    Op.TANH: Elementwise(torch.tanh, "_tanh({})", ("tanh.default",)),
     Op.ABS: Elementwise(torch.abs, "tl.abs({})", ("abs.default",)),
     Op.SIGMOID: Elementwise(torch.sigmoid, f"(1.0 / (1.0 + tl.exp2({-_LOG2E!r} * {{}})))", ("sigmoid.default",)),
     Op.SQRT: Elementwise(torch.sqrt, "tl.sqrt({})", ("sqrt.default",)),
