@@ -518,6 +518,23 @@ def test_every_share_of_every_input_is_checked(which):
             assert_close(out, ref)
 
 
+def test_a_kernel_of_few_programs_checks_a_small_share():
+    """SnapKV's pooling of its column sums is a kernel over the keys alone (300 points, where the other two
+    cover 2 heads x 300): it checks 13 64ths of v, not an even third, and a NaN on either side of each kernel's
+    share boundary in v (at 3900 and 7650 of 9600) still gives eager's NaNs."""
+    fn, args = workloads.make("snapkv", device="cpu", dtype=torch.float32, S=300, H=2, D=16, seed=3)
+    c = ft.compile(fn)
+    c(*args)
+    (prog,) = c.programs.values()
+    (specs,) = prog.plan.stages["emit"].values()
+    assert [sp.check.shares for sp in specs] == [(26, 25, 13)] * 3
+    for pos in (0, 3899, 3900, 7649, 7650, 9599):
+        bad = [a.clone() for a in args]
+        bad[2].view(-1)[pos] = float("nan")
+        for out, ref in zip(c(*bad), fn(*bad)):
+            assert_close(out, ref)
+
+
 @pytest.mark.parametrize("programs", [1, 4])
 def test_fixup_programs_loop_over_every_tile(programs):
     """The fixup pass runs few programs that loop over the tiles: with fewer programs than tiles (here

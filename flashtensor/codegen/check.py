@@ -135,10 +135,11 @@ def _in_domain(least: str, dom: str) -> str:
     return f"tl.where({_meets(least, dom)}, 0.0, float(\"nan\"))"
 
 
-def program_check(em: Tiles, slots: int, check: dict, part: int, tiles: Size, stages: int) -> list[str]:
+def program_check(em: Tiles, shares: tuple[int, ...], check: dict, part: int, tiles: Size, stages: int) -> list[str]:
     """The finite check's lines at the end of a MODE=0 program (see emit_kernel): this program's piece of
-    the kernel's part of each checked input, summed as x * 0 in the input's own precision (two half
-    values per instruction); inputs of one size share a loop, so their loads are in flight together.
+    the kernel's part of each checked input (part `part` of parts proportional to `shares`), summed as x * 0
+    in the input's own precision (two half values per instruction); inputs of one size share a loop, so their
+    loads are in flight together.
     Inputs checked on the program's tiles (`em.checks`) add the loop tiles it skipped, then their sums,
     unless no value read there reaches a result (Schedule.read_when_skipped).
     That loop adds whole tiles and sums them once after it (a row sum per step costs shuffles). It has no
@@ -180,9 +181,9 @@ def program_check(em: Tiles, slots: int, check: dict, part: int, tiles: Size, st
         numel = math.prod(em.inputs[i][0])
         sizes.setdefault(str(numel), (numel, []))[1].append(i)
     inits, out = [], []
+    before, whole = sum(shares[:part]), sum(shares)
     for size, group in sizes.values():
-        span = ceildiv(size, slots)
-        start, stop = part * span, torch.sym_min(size, (part + 1) * span)
+        start, stop = _cut(size, before, whole), _cut(size, before + shares[part], whole)
         per = ceildiv(stop - start, tiles)
         blk = CHECK_BLOCK if isinstance(per, torch.SymInt) else min(CHECK_BLOCK, pow2(per))
         out += [f"    end = tl.minimum({source(start)} + (pid64 + 1) * {source(per)}, {source(stop)})",
@@ -201,11 +202,16 @@ def program_check(em: Tiles, slots: int, check: dict, part: int, tiles: Size, st
                                            f"        tl.store({flag}, float(\"nan\"))"]
 
 
-def modes(em: Tiles, slots: int, tiles: Size, tile: list[str], checked: list[str]) -> list[str]:
+def _cut(size: Size, num: int, den: int) -> Size:
+    """size * num // den without the product, which can pass int32 where size is a kernel's size argument."""
+    return size // den * num + size % den * num // den
+
+
+def modes(em: Tiles, fixup: bool, tiles: Size, tile: list[str], checked: list[str]) -> list[str]:
     """The kernel body: one tile per program, then its piece of the check (MODE=0); in a plan with a check,
     also the fixup pass (MODE=1), whose fixup programs return at once when the flag is 0 and
     otherwise loop over the tiles (see emit_kernel). Few programs keep the usual, finite case cheap."""
-    if not slots:
+    if not fixup:
         return ["fin = 1", "pid = tl.program_id(0)"] + tile
     flag = em.buffer(FINITE, (1,), torch.float32, "intermediate")
     return ["if MODE == 1:     # the fixup pass",

@@ -1,21 +1,28 @@
 """Which kernel of a plan checks which input for the finite check (codegen/check.py says what it does).
 
 Every floating input is checked once: by the first kernel whose tiles read it whole (`tile_checks`), or
-else in equal parts, kernel k's programs checking pieces of the k-th; an input a log, a square root or a
-division reads must also lie in that op's domain (analysis.facts.input_domains). A plan needs the check
+else in parts, kernel k's programs checking pieces of the k-th, each part as large as the kernel's share of the
+plan's parallel extent (a kernel of few programs, a pooling of column sums, reads little; an even part kept it
+on a few SMs long after the others); an input a log, a square root or a division reads must also lie in that
+op's domain (analysis.facts.input_domains). A plan needs the check
 only where some kernel skips or constant-folds tiles by value facts. A mask read from a tensor may hold -inf
 (its pre-pass reads its values, analysis/atoms.py): only NaN and +inf fail its check.
 """
 from __future__ import annotations
 
+import itertools
+import math
 from typing import Mapping, Optional
 
 import torch
 
 from ..analysis.facts import input_domains
 from ..ir.loops import LNode, LoopGraph
+from ..ir.sizes import hint
 from ..schedule.schedule import Schedule
 from .spec import CheckPlan
+
+PARTS = 64      # the flat inputs' parts are whole 64ths
 
 
 def plan_checks(loops: LoopGraph, schedules: list[Schedule], narrowed: Mapping[int, torch.dtype]) -> list[CheckPlan]:
@@ -24,8 +31,9 @@ def plan_checks(loops: LoopGraph, schedules: list[Schedule], narrowed: Mapping[i
     moderate = {i for s in schedules for i in s.moderate}
     check = {i: _domain(domains.get(i), i in moderate) for i, (_, dt) in enumerate(loops.inputs)
              if dt.is_floating_point}
-    slots = len(schedules) if check and any(s.skip or s.special or s.runtime for s in schedules) else 0
-    reads = [tile_checks(s, loops.inputs) for s in schedules] if slots else []
+    checked = bool(check) and any(s.skip or s.special or s.runtime for s in schedules)
+    shares = _shares([_parallel(s) for s in schedules]) if checked else ()
+    reads = [tile_checks(s, loops.inputs) for s in schedules] if checked else []
     tiled: list[dict] = [{} for _ in schedules]
     flat = {}
     for i, dom in check.items():
@@ -34,9 +42,21 @@ def plan_checks(loops: LoopGraph, schedules: list[Schedule], narrowed: Mapping[i
             flat[i] = dom
         else:
             tiled[k][i] = (reads[k][i], dom)
-    ftz = frozenset(i for i, dom in check.items() if dom and dom.startswith("positive")) if slots else frozenset()
+    ftz = frozenset(i for i, dom in check.items() if dom and dom.startswith("positive")) if checked else frozenset()
     masks = _masks(schedules) - set(domains)
-    return [CheckPlan(slots, k, flat, tiled[k], ftz, narrowed, masks) for k in range(len(schedules))]
+    return [CheckPlan(shares, k, flat, tiled[k], ftz, narrowed, masks) for k in range(len(schedules))]
+
+
+def _shares(extents: list[int]) -> tuple[int, ...]:
+    """Each kernel's part of the flat inputs in PARTS-ths, as near its part of the extents as whole PARTS-ths go
+    (small numbers: a symbolic size times them stays within the kernel's int32 arithmetic)."""
+    cuts = [0] + [round(PARTS * c / sum(extents)) for c in itertools.accumulate(extents)]
+    return tuple(b - a for a, b in zip(cuts, cuts[1:]))
+
+
+def _parallel(s: Schedule) -> int:
+    """How many (row, batch) points the kernel's grid covers at the traced sizes, at least 1."""
+    return max(1, math.prod(int(hint(v.extent)) for v in s.batch + ([s.row] if s.row is not None else [])))
 
 
 def _masks(schedules: list[Schedule]) -> frozenset[int]:

@@ -89,9 +89,9 @@ def emit_kernel(spec: KernelSpec, cfg: TileConfig) -> KernelSource:
     tile = loop.placement(em, ntiles, grid1) + [f"o_{v} = tl.arange(0, {em.blk[v]})" for v in s.whole] + \
         [check.check_acc(em, i)[0] for i in em.checks] + em.pre + body
     programs = tiles * em.splits
-    checked = tile + (check.program_check(em, c.slots, dict(c.flat), c.part, programs, cfg.num_stages)
-                      if c.slots and (c.flat or em.checks) else [])
-    prog = check.modes(em, c.slots, programs, tile, checked)
+    checked = tile + (check.program_check(em, c.shares, dict(c.flat), c.part, programs, cfg.num_stages)
+                      if c.shares and (c.flat or em.checks) else [])
+    prog = check.modes(em, bool(c.shares), programs, tile, checked)
     buffers = list(em.bufs.values())
     size_args = sorted(spec.sizes)
     head = [f"def {spec.name}({', '.join([b.name for b in buffers] + size_args)}, MODE: tl.constexpr, "
@@ -105,5 +105,5 @@ def emit_kernel(spec: KernelSpec, cfg: TileConfig) -> KernelSource:
         pre_src + comb_src
     blocks = {str(v): em.blk[v] for v in em.blk}
     return KernelSource(spec.name, src, [plain_shape(b) for b in buffers], (python(programs),), cfg.num_warps,
-                        cfg.num_stages, blocks, bool(s.skip or s.special or s.runtime), c.slots > 0,
+                        cfg.num_stages, blocks, bool(s.skip or s.special or s.runtime), bool(c.shares),
                         spec.fixup_programs, size_args, pre, python(em.splits), comb, sorted(set(em.limits)))

@@ -13,12 +13,13 @@ from ..schedule.schedule import Schedule
 @dataclass(frozen=True)
 class CheckPlan:
     """One kernel's share of the finite check (codegen/check.py; decided across the plan by checkplan.py).
-    `slots` kernels share the inputs that no kernel's tiles read whole (`flat`, input -> domain), in equal
-    parts, this kernel checking part `part`; 0 slots: the plan has no check. `tiled` maps an input this
-    kernel's tiles read whole to (that load, domain). Logs of inputs in `ftz` flush subnormals in the first
-    pass (their check rejects subnormals too); the check tests an input in `narrowed` as its cast to that
-    type (analysis.facts.narrowed_inputs); in inputs in `masks` (read only as masks, Schedule.masks) -inf passes."""
-    slots: int = 0
+    The plan's kernels share the inputs that no kernel's tiles read whole (`flat`, input -> domain) in parts
+    proportional to `shares`, this kernel checking part `part`; no shares: the plan has no check. `tiled` maps
+    an input this kernel's tiles read whole to (that load, domain). Logs of inputs in `ftz` flush subnormals in
+    the first pass (their check rejects subnormals too); the check tests an input in `narrowed` as its cast to
+    that type (analysis.facts.narrowed_inputs); in inputs in `masks` (read only as masks, Schedule.masks) -inf
+    passes."""
+    shares: tuple[int, ...] = ()
     part: int = 0
     flat: Mapping[int, Optional[str]] = field(default_factory=dict)
     tiled: Mapping[int, tuple[LNode, Optional[str]]] = field(default_factory=dict)

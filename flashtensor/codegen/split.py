@@ -171,7 +171,7 @@ def combine(spec: KernelSpec, cfg: TileConfig, ntiles: Size, grid1: Size, splits
     post = loop.finals(em, accs, 0, dict(em.cache_pre))
     stores = em.store_roots({**em.cache_pre, **post.cache})
     head = []
-    if spec.check.slots:
+    if spec.check.shares:
         flag = em.buffer(FINITE, (1,), torch.float32, "intermediate")
         head = ["if MODE == 1:     # the fixup pass", f"    if tl.load({flag}) == 0:", "        return"]
     em.splits = 1                   # one program per row tile
