@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import flashtensor as ft
 from conftest import compiled_matches_eager
@@ -13,7 +14,7 @@ from flashtensor import workloads
 from flashtensor.analysis.precision import decide
 from flashtensor.codegen.lower import round_to
 from flashtensor.frontend.capture import capture
-from flashtensor.ir.loops import ROUNDS
+from flashtensor.ir.loops import ABSOLUTE, ROUNDS
 from flashtensor.partition.fusable import fusable_part
 from flashtensor.transform.decompose import decompose
 from flashtensor.transform.loopform import to_loops
@@ -125,6 +126,29 @@ def test_the_scores_a_mask_is_added_to_round():
     shapes = QKV + [(2, 64, 64)]
     assert _rounded(_loops(padded_attention, *shapes)) == ["cast", "mul"]
     assert _rounded(_loops(padded_attention, *shapes, dtype=torch.bfloat16)) == []
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_a_tanh_only_added_to_others_may_be_exact_to_an_absolute_error(dtype):
+    """A soft cap (scaled, added to a mask, maxed and exponentiated by the softmax) is added only: its kernels may
+    take tanh's fast form. Mish's tanh multiplies a value, and a tanh that is an output or compared with 0 matters
+    relative to its size near 0: those keep the exact one."""
+    def capped(q, k, v):
+        s = torch.tanh(q @ k.transpose(-1, -2) / 30.0) * 30.0
+        return torch.softmax(s.masked_fill(torch.ones(64, 64, dtype=torch.bool).triu(1), -math.inf), dim=-1) @ v
+
+    def mish(q, k, v):
+        return F.mish(q @ k.transpose(-1, -2)) @ v
+
+    def signs(q, k, v):
+        t = torch.tanh(q @ k.transpose(-1, -2))
+        return t, (t > 0).sum(dim=-1)
+
+    def absolute(fn):
+        return [n.attrs.get(ABSOLUTE, False) for n in _loops(fn, *QKV, dtype=dtype).nodes if n.op == "tanh"]
+    assert absolute(capped) == [True]
+    assert absolute(mish) == [False] and absolute(signs) == [False]
 
 
 def test_a_fully_masked_row_keeps_eagers_step_of_the_mask():

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..ir.loops import ROUNDS, UNDER_MASKS, LNode, LoopGraph, read_input, rounds_input
+from ..ir.loops import ABSOLUTE, ROUNDS, UNDER_MASKS, LNode, LoopGraph, read_input, rounds_input
 from .facts import narrowed_inputs
 from .ranges import Ranges, overflows
 
@@ -43,6 +43,8 @@ def decide(loops: LoopGraph) -> Precision:
         n.attrs[ROUNDS] = UNDER_MASKS
     for n in zero_deciding(loops) + overflows(loops):
         n.attrs[ROUNDS] = True
+    for n in added_only(loops):
+        n.attrs[ABSOLUTE] = True
     narrowed = narrowed_inputs(loops)
     faithful = (any(o.dtype == torch.float32 for o in loops.outputs) and
                 any(dt in _HALF for _, dt in loops.inputs)) or any(dt in _HALF for dt in narrowed.values())
@@ -115,6 +117,37 @@ def zero_deciding(g: LoopGraph) -> list[LNode]:
         if n.op == "mul":
             roots += [n.args[i] for i in (0, 1) if _pole_of(n.args[1 - i], r, half)]
     return _cone(roots)
+
+
+# uses through which a value's absolute error stays an absolute error of the result, scaled at most: sums, the
+# exponentials of a softmax (exp(x + e) = exp(x)(1 + e)) and its running maxima; its relative error near 0 reaches
+# none of them. A comparison (its sign), a product with a value or a log (its relative error) are not among them
+_ADDITIVE = ("add", "sub", "exp", "exp2", "maximum", "minimum")
+
+
+def added_only(g: LoopGraph) -> list[LNode]:
+    """The tanh values every use of which is additive (`_ADDITIVE`, or a sum or max reduction), looking through
+    negations, casts, products and quotients by numbers and the branches of a select: a soft cap's
+    cap * tanh(s / cap) + mask. Elsewhere the kernels' tanh is exact relative to its value near 0 too (mish's
+    x tanh(softplus(x)) at x = -16 is a tiny negative weight whose log decides an entropy)."""
+    uses: dict[int, list[LNode]] = {}
+    for n in g.nodes:
+        for a in n.inputs:
+            uses.setdefault(id(a), []).append(n)
+    outputs = {id(o.node) for o in g.outputs}
+
+    def additive(x: LNode) -> bool:
+        if id(x) in outputs:
+            return False
+        for u in uses.get(id(x), []):
+            if u.op in ("neg", "cast") or (u.op in ("mul", "div") and not isinstance(u.args[1], LNode)) or \
+                    (u.op == "mul" and not isinstance(u.args[0], LNode)) or (u.op == "where" and u.args[0] is not x):
+                if not additive(u):
+                    return False
+            elif not (u.op in _ADDITIVE or (u.op == "reduce" and u.attrs["kind"] in ("sum", "max", "min"))):
+                return False
+        return True
+    return [n for n in g.nodes if n.op == "tanh" and additive(n)]
 
 
 def mask_deciding(g: LoopGraph) -> list[LNode]:

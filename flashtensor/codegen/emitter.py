@@ -14,12 +14,24 @@ from typing import Any, Optional, Sequence
 import torch
 
 from ..analysis.facts import IDENTITY, exact_sum
-from ..ir.loops import Affine, LNode, LOutput, Var, read_input
+from ..ir.loops import ABSOLUTE, Affine, LNode, LOutput, Var, read_input
 from ..ir.sizes import source, symbolic, times
 from ..schedule.schedule import Factor, ScheduleError
 from . import check, forms
 from .body import Body
-from .lower import AS_EAGER, BINARY, HALF, NAN_REDUCE, TL, UNARY, contig, lit, quotient_as_eager, round_to
+from .lower import (
+    ABSOLUTE_FORMS,
+    AS_EAGER,
+    BINARY,
+    HALF,
+    NAN_REDUCE,
+    TL,
+    UNARY,
+    contig,
+    lit,
+    quotient_as_eager,
+    round_to,
+)
 from .tiles import Tiles
 
 CHUNK = 32       # the piece of a chunked contraction's axis (Emitter.looped_sum)
@@ -126,7 +138,8 @@ class Emitter(Tiles):
             check.check_by_log(self, n, out, tv, ctx, lines)
             return out, tv
         if op in UNARY:
-            template = AS_EAGER.get(op, UNARY[op]) if self.rounds(n, ctx) else UNARY[op]
+            template = AS_EAGER.get(op, UNARY[op]) if self.rounds(n, ctx) else \
+                ABSOLUTE_FORMS.get(op, UNARY[op]) if n.attrs.get(ABSOLUTE) else UNARY[op]
             lines.append(f"{out} = " + self.rounded(n, template.format(self.arg(n.args[0], tv, ctx)), ctx))
             return out, tv
         for form in forms.FORMS:       # local forms cheaper than the op as written (codegen/forms.py)

@@ -213,6 +213,9 @@ def node_vars(op: str, args: tuple, attrs: dict) -> tuple[Var, ...]:
 # node with its attrs, so the mark stays with the value. UNDER_MASKS as its value: rounded for a mask added to it
 ROUNDS = "rounds"
 UNDER_MASKS = "under masks"
+# the attr of a value whose every use only adds it, scaled at most, to others (analysis/precision.py marks it): its
+# absolute error is what reaches a result, so kernels may take a form that is exact only to an absolute error
+ABSOLUTE = "absolute"
 
 
 def format_node(n: LNode) -> str:
