@@ -19,6 +19,7 @@ from ..ir.sizes import evaluator
 
 SIZES = ("sizes",)     # buffer key of the size symbols' values
 AT = ("sizes", "at")   # buffer key of those values as one hashable key, made once per call (launches memoise by it)
+LAUNCH = ("sizes", "launch")   # buffer key of the call's device, stream and launch hooks (found once a call)
 
 
 def load_kernel(k: KernelSource, name: Optional[str] = None) -> Any:
@@ -66,27 +67,27 @@ class Step:
         return [buffers[b] for b in self.buffers] + self.sizes
 
     def launch(self, buffers: dict) -> None:
-        args = self.args(buffers)
         if not self.direct:
-            self.fn[self.grid](*args, **self.options)
+            self.fn[self.grid](*self.args(buffers), **self.options)
             return
-        key = (self.spec, _current_device(), *[args[i].data_ptr() % 16 == 0 for i in self.inputs])
+        args = [buffers[b] for b in self.buffers]
+        device, stream, enter, leave = _context(buffers)
+        key = (self.spec, device, *[args[i].data_ptr() % 16 == 0 for i in self.inputs])
         kernel = self.kernels.get(key)
         if kernel is None:      # Triton's own path the first time, which compiles or finds the kernel
-            kernel = self.fn[self.grid](*args, **self.options)
+            kernel = self.fn[self.grid](*args, *self.sizes, **self.options)
             self.kernels[key] = kernel.result() if hasattr(kernel, "result") else kernel
             return
-        full = args + self.constants
-        stream = _current_stream(key[1])
-        hooks = _triton()[1]
+        args += self.tail
+        # Triton's launch metadata is None without an enter hook (a profiler's); skipping the call saves its cost
         kernel.run(self.grid[0], 1, 1, stream, kernel.function, kernel.packed_metadata,
-                   kernel.launch_metadata(self.grid, stream, *full), hooks.launch_enter_hook, hooks.launch_exit_hook,
-                   *full)
+                   None if enter is None else kernel.launch_metadata(self.grid, stream, *args), enter, leave, *args)
 
     @functools.cached_property
-    def constants(self) -> list[Any]:
-        """The values of the kernel's constexpr parameters after its arguments, which a direct launch passes too."""
-        return [self.options[name] for name in self.fn.arg_names[len(self.buffers) + len(self.sizes):]]
+    def tail(self) -> list[Any]:
+        """The size arguments, then the values of the kernel's constexpr parameters, which a direct launch passes
+        after the tensors."""
+        return self.sizes + [self.options[name] for name in self.fn.arg_names[len(self.buffers) + len(self.sizes):]]
 
 
 def _size_spec(n: int) -> bool:
@@ -270,6 +271,17 @@ def _triton() -> tuple[Any, Any]:
     return driver.active, triton.knobs.runtime
 
 
+def _context(buffers: dict) -> tuple[int, int, Any, Any]:
+    """The call's device index, stream and Triton's launch hooks, found by its first direct launch and kept in
+    `buffers` for the others (each lookup is a driver call)."""
+    ctx = buffers.get(LAUNCH)
+    if ctx is None:
+        device = _current_device()
+        hooks = _triton()[1]
+        ctx = buffers[LAUNCH] = (device, _current_stream(device), hooks.launch_enter_hook, hooks.launch_exit_hook)
+    return ctx
+
+
 def _current_device() -> int:
     return _triton()[0].get_current_device()
 
@@ -304,7 +316,7 @@ def run_kernels(launches: Sequence[Launch], inputs: Sequence[torch.Tensor], devi
     buffers = input_buffers(inputs, sizes)
     reused, found = False, {}
     if kept is not None:
-        where = (threading.get_ident(), _current_stream(_current_device()) if _direct(device) else None)
+        where = (threading.get_ident(), _context(buffers)[1] if _direct(device) else None)
         at, held, then = kept.get(where, (None, {}, {}))
         reused = at == buffers[AT]
         if reused:
