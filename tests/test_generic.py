@@ -243,7 +243,7 @@ def test_a_generic_plan_priced_slower_than_eager_is_priced_again_per_bucket(monk
     kernels 2 ms against eager's 1 ms in the first bucket, 1 against 2 in the second."""
     from flashtensor import driver
     from flashtensor.api import compiled as compiled_module
-    from flashtensor.runtime.launch import Launch
+    from flashtensor.runtime.launch import Step
     for module in (driver, compiled_module):
         monkeypatch.setattr(module, "timed", lambda device: True)
     times = iter([2.0, 1.0] * 3 + [1.0, 2.0] * 3)      # three rounds of pricing per bucket
@@ -255,8 +255,8 @@ def test_a_generic_plan_priced_slower_than_eager_is_priced_again_per_bucket(monk
     c = ft.compile(h2o_finfo, dynamic=True, cache=False)
     _check(h2o_finfo, c, _inputs(1, 2, 24, 24, seed=1))
     launched = []
-    real = Launch.__call__
-    monkeypatch.setattr(Launch, "__call__", lambda self, *a, **kw: launched.append(1) or real(self, *a, **kw))
+    real = Step.launch
+    monkeypatch.setattr(Step, "launch", lambda self, *a, **kw: launched.append(1) or real(self, *a, **kw))
     _check(h2o_finfo, c, _inputs(1, 2, 20, 20, seed=2))
     assert not launched and c.cache_info()["searches"] == 1 and c.cache_info()["tunes"] == 1, c.cache_info()
     _check(h2o_finfo, c, _inputs(1, 2, 200, 200, seed=3))

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import flashtensor as ft
-from flashtensor import knobs
+from conftest import assert_close
+from flashtensor import knobs, workloads
 from flashtensor.runtime import launch
 from flashtensor.runtime.launch import Step
 from flashtensor.testing import as_tuple, compare_with_exact
@@ -153,3 +154,25 @@ def test_the_interpreter_runs_a_grids_programs_last_to_first():
     counter, out = torch.zeros(1, dtype=torch.int32), torch.full((5,), -1, dtype=torch.int32)
     order[(5,)](counter, out)
     assert out.tolist() == [4, 3, 2, 1, 0]
+
+
+def test_a_call_launches_each_kernel_then_each_fixup_pass_from_one_list_per_sizes(monkeypatch):
+    """run_kernels launches a call's kernels, then their fixup passes (MODE=1, which return at once for finite
+    inputs), in that order, from one list of steps a program keeps per sizes: a second call at the same sizes
+    launches the same steps, a call at new sizes in the same plan new ones; every call matches eager."""
+    fn, args = workloads.make("h2o", device="cpu", dtype=torch.float32, S=70, H=2, D=16, seed=1)
+    c = ft.compile(fn, cache=False, dynamic=True)
+    c(*args)        # planning launches the kernels too
+    seen: list = []
+    real = Step.launch
+    monkeypatch.setattr(Step, "launch", lambda self, buffers: seen.append(self) or real(self, buffers))
+    calls = []
+    for S in (70, 70, 66):
+        fn, args = workloads.make("h2o", device="cpu", dtype=torch.float32, S=S, H=2, D=16, seed=S)
+        seen.clear()
+        assert_close(c(*args), fn(*args))
+        calls.append(list(seen))
+    order = [(s.fn.__name__, s.options["MODE"]) for s in calls[0]]
+    assert order == [("ft_kernel0", 0), ("ft_kernel1", 0), ("ft_kernel0", 1), ("ft_kernel1", 1)], order
+    assert [id(s) for s in calls[1]] == [id(s) for s in calls[0]]
+    assert not {id(s) for s in calls[2]} & {id(s) for s in calls[0]}

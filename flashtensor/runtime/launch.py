@@ -306,13 +306,15 @@ def input_buffers(inputs: Sequence[torch.Tensor], sizes: Optional[dict[str, int]
 
 
 def run_kernels(launches: Sequence[Launch], inputs: Sequence[torch.Tensor], device: torch.device,
-                sizes: Optional[dict[str, int]] = None, kept: Optional[dict] = None) -> dict:
+                sizes: Optional[dict[str, int]] = None, kept: Optional[dict] = None,
+                memo: Optional[dict] = None) -> dict:
     """Allocate intermediates and outputs, launch every kernel, then the fixup pass where the plan has one
     (it returns at once unless an input was not finite); returns all buffers by key. With `kept` (the program's
     own dict), the intermediates of the last call from this thread on this stream at the same sizes are reused:
     that call's kernels ran before these on the stream, and no intermediate leaves the call; outputs are new. A
     kernel's pre-passes are left out where that call read the same mask tensors, unwritten since (`_masks_read`):
-    the tile ranges they found are still in its buffers, as the layers of a model share one attention mask."""
+    the tile ranges they found are still in its buffers, as the layers of a model share one attention mask. `memo`
+    (the program's own dict) keeps each sizes' list of launches (`call_steps`)."""
     buffers = input_buffers(inputs, sizes)
     reused, found = False, {}
     if kept is not None:
@@ -331,11 +333,10 @@ def run_kernels(launches: Sequence[Launch], inputs: Sequence[torch.Tensor], devi
     # the mask then), and what it would leave in the buffers is no range found
     capturing = any(la.source.prologues for la in launches) and _capturing(device)
     masks = [None if capturing else _masks_read(la, buffers) for la in launches]
-    for k, la in enumerate(launches):
-        la(buffers, after_prior=k > 0, prepasses=not _unchanged(found.get(k), masks[k]))
-    for la in launches:
-        if la.source.fixup:
-            la(buffers, fixup=True, after_prior=True)
+    prepasses = tuple(not _unchanged(found.get(k), masks[k]) for k in range(len(launches)))
+    make = functools.partial(call_steps, launches, buffers, prepasses)
+    for step in make() if memo is None else memoised(memo, (buffers[AT], device, prepasses), make):
+        step.launch(buffers)
     if kept is not None:
         if not reused:
             if len(kept) >= MEMO:
@@ -343,6 +344,13 @@ def run_kernels(launches: Sequence[Launch], inputs: Sequence[torch.Tensor], devi
             held = {k: b for k, b in buffers.items() if _is_intermediate(k)}
         kept[where] = (buffers[AT], held, {k: [(weakref.ref(t), v) for t, v in m] for k, m in enumerate(masks) if m})
     return buffers
+
+
+def call_steps(launches: Sequence[Launch], buffers: dict, prepasses: tuple[bool, ...]) -> list[Step]:
+    """Every launch of a call, in order: each kernel with its companions (its pre-passes where `prepasses` says),
+    each a dependent launch after the first, then each kernel's fixup pass."""
+    out = [s for k, la in enumerate(launches) for s in la.steps(buffers, False, k > 0, prepasses[k])]
+    return out + [s for la in launches if la.source.fixup for s in la.steps(buffers, True, True)]
 
 
 def _capturing(device: torch.device) -> bool:

@@ -87,6 +87,7 @@ class Program:
         # the int32 tile offsets' reach, all kernels' in one expression (evaluated on each call)
         self._at: dict[tuple, Any] = {}      # Program.at by the tensors' shapes
         self._kept: dict[tuple, Any] = {}    # the last call's buffers and masks by thread and stream (run_kernels)
+        self._steps: dict[tuple, Any] = {}   # each sizes' launches (run_kernels)
         self.reach = f"max([{', '.join(dict.fromkeys(x for k in self.kernels for x in k.reaches))}], default=0)"
 
     @property
@@ -136,7 +137,7 @@ class Program:
         assert at is not None, "a program ran at sizes it does not serve"
         now = at[0]
         ins = self.kernel_inputs(tensors, now)
-        bufs = run_kernels(self.launches, ins, tensors[0].device, now, self._kept)
+        bufs = run_kernels(self.launches, ins, tensors[0].device, now, self._kept, self._steps)
         env = {n: bufs[k] for n, k in self.results}
         env.update(zip(self.before, ins[len(tensors):]))
         outs = self.remainder(tensors, env, now)
