@@ -17,7 +17,7 @@ from .spec import KernelSpec
 
 # what generated kernels call from codegen/triton_helpers.py
 HELPERS = ("_after_prior", "_div_as_eager", "_expm1", "_log1p", "_log2_approx", "_max_over", "_min_nan", "_min_over",
-           "_mul_rn", "_pow", "_round_bf16", "_scale_f16", "_tanh", "_tanh_as_eager", "_with_check")
+           "_mul_rn", "_pow", "_round_bf16", "_scale_f16", "_tanh", "_tanh_as_eager", "_tanh_fast", "_with_check")
 
 
 def emit_kernel(spec: KernelSpec, cfg: TileConfig) -> KernelSource:
