@@ -120,11 +120,14 @@ def _near_threshold(spec: Spec, name: str, args: tuple, scale: float) -> torch.T
     """Per output element of a threshold statistic: how many probabilities sit within rounding of it, or on
     the other side of it in eager's own precision than in float64 (bf16 scores of 30 round by 0.06, and
     their probabilities move by 6%). Eager compares with the threshold in p's dtype, which is float32 where the
-    program widens the scores (noise, float probabilities), not the inputs'."""
+    program widens the scores (noise, float probabilities), not the inputs'. Eager's own probabilities count
+    too: a row it rounds uniform (s + finfo.min) sits on the threshold 1 / 63 in fp16, and within rounding of it
+    in the kernels' float32, where float64's row of exact sums is not near it."""
     p, own = exact_probs(spec, args, scale), _probs(spec, as_read(spec, args), scale)
     thr = spec.threshold / spec.kv_len
     read = torch.tensor(thr, dtype=torch.float64).to(own.dtype).item()
-    near = ((p - thr).abs() <= NEAR[spec.dtype] * thr) | ((p > thr) != (own.double() > read))
+    near = ((p - thr).abs() <= NEAR[spec.dtype] * thr) | ((own.double() - thr).abs() <= NEAR[spec.dtype] * thr) | \
+        ((p > thr) != (own.double() > read))
     return near.sum(dim=-1 if name in ROW_STATS else -2)
 
 
@@ -722,6 +725,14 @@ FOUND = [
          expand='expand', scale=0.25, slope=-0.5, width=17, apply='where', float_probs=True, stats=('colstd', 'entr'),
          threshold=1.0, feature='ea', seed=4, config=4, fill='finfo', mask_from='ones', eps=1e-09, pack='dict',
          scale_from='global', act='mish'),
+    # a row eager rounds uniform, on a threshold (the forty-second session's H100 campaign, seed 177, fp16): at the
+    # resize to 63 x 63 the passed mask's first row is all finfo.min, which eager's fp16 s + mask makes uniform, so
+    # its p = fp16(1 / 63) ties `p >= 1 / 63`; the kernels follow the uniform row, a float32 ulp below 1 / 63, and
+    # float64's exact sums put the row's p far from it. The threshold's slack now counts eager's own p near it
+    Spec(kind='softmax', batch=1, heads=2, kv_heads=2, q_len=16, kv_len=16, dim=32, dtype=torch.float16,
+         layout='bshd', expand='expand', scale=0.17677669529663687, mask='band', width=3, apply='input',
+         stats=('colany', 'rowmaxval'), threshold=1.0, cast_inside=True, seed=7810, config=11, mask_from='ones',
+         pad=2, scores_by='einsum'),
 ]
 
 
@@ -747,7 +758,8 @@ FOUND_IDS = ["colmax_fully_masked_rows", "fp16_large_scores", "bf16_linear", "si
              "bf16_fill_rounded_in_every_tile", "fp16_padded_rows_sum_to_one_across_kernels",
              "silu_squares_of_padded_keys_in_order", "var_mean_of_an_infinite_column_is_nan",
              "generic_guard_holds_an_infinity", "bf16_mish_tail_rounds_scores_as_eager",
-             "fp16_std_of_one_query", "bf16_std_of_one_query", "fp16_mish_tail_entropy_signs"]
+             "fp16_std_of_one_query", "bf16_std_of_one_query", "fp16_mish_tail_entropy_signs",
+             "fp16_uniform_row_on_a_threshold"]
 
 # Finds not fixed yet, each failing as the comment says (a strict xfail: the test fails once one passes, and it
 # then moves to FOUND); the campaign skips them, so that it reports new failures.
@@ -788,7 +800,9 @@ def test_the_threshold_slack_covers_eagers_own_counts():
         exact = exact_outputs(spec, fn, args, None)[k]
     differ = (eager.long() - exact.long()).abs()
     assert differ.max() == 2
-    assert bool((differ <= _near_threshold(spec, "rowcount", args, spec.scale)).all())
+    slack = _near_threshold(spec, "rowcount", args, spec.scale)
+    assert bool((differ <= slack).all())
+    assert int(slack.sum()) < slack.numel() // 2, "a slack over every row would let any count pass"   # 23 of 77
 
 
 def test_a_shape_generic_plan_reads_a_value_back_in_two_dimensional_tiles():
@@ -821,6 +835,11 @@ def test_a_shape_generic_plan_whose_guard_holds_an_infinity():
 def test_mish_weights_far_below_zero_keep_eagers_entropy_signs():
     """fp16_mish_tail_entropy_signs with the resize step, whose second length failed."""
     run_spec(FOUND[FOUND_IDS.index("fp16_mish_tail_entropy_signs")])
+
+
+def test_a_row_eager_rounds_uniform_may_sit_on_a_threshold():
+    """fp16_uniform_row_on_a_threshold with the resize step, whose second length failed."""
+    run_spec(FOUND[FOUND_IDS.index("fp16_uniform_row_on_a_threshold")])
 
 
 @pytest.mark.parametrize("spec", FOUND, ids=FOUND_IDS)
