@@ -2,7 +2,10 @@
 contract, by the runner's own check (flashtensor.bench.held.run_program), and those that fuse today keep
 fusing. What fails today is a strict xfail with the reason observed, so the day it is fixed the test fails
 and the entry goes."""
+import json
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -158,3 +161,18 @@ def test_compare_with_exact():
     residue[3] = -6e-8
     assert compare_with_exact(zero.float(), residue, zero).ok
     assert not compare_with_exact(residue * 3, residue, zero).ok
+
+
+@pytest.mark.unit
+def test_the_programs_slower_than_eager_are_named_for_a_second_run(tmp_path):
+    """scripts/held_slower.py, which gpu_check.sh's held part reads to time such programs again alone: by name,
+    once per program, not those without both times (a crash, an untimed run)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import held_slower
+
+    def rec(name: str, eager: float | None, ours: float | None) -> dict:
+        return {"program": name, "eager": {"ms": eager}, "flashtensor": {"ms": ours}}
+    path = tmp_path / "held.json"
+    path.write_text(json.dumps({"programs": [rec("a", 0.19, 0.21), rec("a", 0.20, 0.25), rec("b", 1.0, 0.5),
+                                             rec("c", None, None), rec("d", 0.3, None)]}))
+    assert held_slower.slower(str(path)) == ["a"]
