@@ -62,8 +62,8 @@ k, n = map(int, '$part'.split('/')); print(*programs.NAMES[k - 1::n])")"
     # with REUSE, a host-bound program's plan priced beside eleven compiling processes may run eager's function,
     # slower than eager by the guards' cost: each program slower than eager is checked, priced and timed again
     # alone, on the quiet machine (held_again_*.json)
-    slow=$(python scripts/held_slower.py "$json")
-    if [ -n "${REUSE:-}" ] && [ -n "$slow" ]; then
+    slow=$([ -n "${REUSE:-}" ] && python scripts/held_slower.py "$json")
+    if [ -n "$slow" ]; then
         echo "again, alone: $slow"
         REUSE= JOBS=1 bash scripts/held_gpu.sh $slow --dtypes "$d" --rep 15 --rounds 3 --peers "${PEERS:-}" \
             --json "$OUT/held_again_${d/,/_}_${part/\//of}.json" || rc=1

@@ -48,8 +48,9 @@ def _programs_run_last_to_first():
 @pytest.fixture(autouse=True)
 def _unit_tests_launch_no_kernels(request, monkeypatch):
     """The `unit` tier (pyproject.toml's markers) launches no generated kernel: for a test marked unit,
-    Step.launch, every launch's last step, raises for a Triton kernel (a stand-in function launches). The search catches errors of its stages (an internal compiler error falls back to
-    eager), so a launch is also recorded and fails the test at teardown, whatever caught the error."""
+    Step.launch, every launch's last step, raises for a Triton kernel (a stand-in function launches). The search
+    catches errors of its stages (an internal compiler error falls back to eager), so a launch is also recorded
+    and fails the test at teardown, whatever caught the error."""
     if request.node.get_closest_marker("unit") is None:
         yield
         return

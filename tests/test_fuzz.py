@@ -126,8 +126,8 @@ def _near_threshold(spec: Spec, name: str, args: tuple, scale: float) -> torch.T
     p, own = exact_probs(spec, args, scale), _probs(spec, as_read(spec, args), scale)
     thr = spec.threshold / spec.kv_len
     read = torch.tensor(thr, dtype=torch.float64).to(own.dtype).item()
-    near = ((p - thr).abs() <= NEAR[spec.dtype] * thr) | ((own.double() - thr).abs() <= NEAR[spec.dtype] * thr) | \
-        ((p > thr) != (own.double() > read))
+    mine, tol = own.double(), NEAR[spec.dtype] * thr
+    near = ((p - thr).abs() <= tol) | ((mine - thr).abs() <= tol) | ((p > thr) != (mine > read))
     return near.sum(dim=-1 if name in ROW_STATS else -2)
 
 
