@@ -143,6 +143,45 @@ def test_ab_checks_each_tree_in_its_own_process(tmp_path):
 
 
 @pytest.mark.unit
+def test_ab_times_the_trees_in_turns_through_the_gpu_drift(tmp_path, capsys):
+    """flashtensor/bench/ab.py's timing: a clock that slows each call by 1% makes a tree timed after another look
+    7% slower; timed in turns (A B B A), two equal trees come out within 1.5%, and a tree 5% slower shows +4% to
+    +6%. A worker that dies while timed fails its row, and only its row."""
+    from flashtensor.bench import ab
+    clock = {"calls": 0}
+    asked: list[tuple[str, str]] = []
+
+    class Stand:   # a worker without a process: its call takes its tree's time, slowed by the calls before it
+        def __init__(self, name: str, tree: str, shape: str, rep: int | None) -> None:
+            self.tree = tree
+
+        def answer(self) -> dict:
+            return {"package": str(Path(self.tree) / "flashtensor"), "problems": [], "error": 1e-4,
+                    "kernels": ["ft_kernel0"]}
+
+        def ask(self, request: str) -> object:
+            asked.append((Path(self.tree).name, request))
+            if Path(self.tree).name == "dies":
+                return None
+            clock["calls"] += 1
+            slower = 1.05 if Path(self.tree).name == "slow" else 1.0
+            return 1.0 * slower * 1.01 ** clock["calls"] if request == "call" else ["ft_kernel0 0.9000"]
+
+        def close(self) -> str:
+            return "rc 1: ['gone']"
+
+    trees = [[t, str(tmp_path / t)] for t in ("base", "same", "slow", "dies")]
+    assert not ab.compare_trees("h2o", trees, "paper", 30, 7, spawn=Stand)
+    rows = {ln.split(" | ")[1]: ln for ln in capsys.readouterr().out.splitlines()}
+    change = {t: float(rows[t].split(" | ")[4].rstrip("%")) for t in ("same", "slow")}
+    assert abs(change["same"]) < 1.5 and 4 < change["slow"] < 6, rows
+    assert rows["base"].startswith("| h2o | base | ok (1.0e-04) | 1.") and "ft_kernel0 0.9000" in rows["base"]
+    assert "crashed while timed (rc 1: ['gone'])" in rows["dies"], rows
+    assert asked[:3] == [("base", "call"), ("same", "call"), ("slow", "call")]
+    assert asked[4:7] == [("slow", "call"), ("same", "call"), ("base", "call")]   # the next turn runs backwards
+
+
+@pytest.mark.unit
 def test_bench_runs_from_the_package_alone(tmp_path):
     """`python -m flashtensor bench` needs only the installed package: a copy of flashtensor/ alone on
     PYTHONPATH, run from another folder, no repository root on sys.path. The harness must come from the copy:
