@@ -176,3 +176,20 @@ def test_the_programs_slower_than_eager_are_named_for_a_second_run(tmp_path):
     path.write_text(json.dumps({"programs": [rec("a", 0.19, 0.21), rec("a", 0.20, 0.25), rec("b", 1.0, 0.5),
                                              rec("c", None, None), rec("d", 0.3, None)]}))
     assert held_slower.slower(str(path)) == ["a"]
+
+
+@pytest.mark.unit
+def test_a_run_out_of_gpu_memory_beside_others_is_run_again():
+    """held_gpu.sh's parallel phase ran eleven of 27 bf16 programs out of an H100's memory (twelve processes, each
+    with a float64 check): such a record is run again after each pause until one fits, and any other record, or
+    the last pause's, is kept as it came."""
+    oom = {"error": "OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB."}
+    answers = [(oom, {}), ({"error": "eager: " + oom["error"]}, {}), ({"error": None}, {"eager": 1})]
+    slept: list[float] = []
+    assert held.retry_out_of_memory(lambda: answers.pop(0), (10, 20, 40), slept.append) == ({"error": None},
+                                                                                              {"eager": 1})
+    assert slept == [10, 20] and not answers
+    wrong = ({"error": "ValueError: shapes"}, {})
+    assert held.retry_out_of_memory(lambda: wrong, (10,), slept.append) == wrong and slept == [10, 20]
+    assert held.retry_out_of_memory(lambda: (oom, {}), (1, 2), slept.append) == (oom, {})
+    assert slept == [10, 20, 1, 2]
