@@ -78,11 +78,12 @@ def _sum(c: Any, extent: Any) -> Any:
 
 
 def _empty(region: Region) -> bool:
-    """Whether some half-plane of the region holds nowhere in its variables' index box, or two of its atoms
-    contradict each other (sufficient, not necessary)."""
+    """Whether some half-plane of the region, or the sum of two (i - j >= 0 and j - i - 1 >= 0 give -1 >= 0), holds
+    nowhere in its variables' index box, or two of its atoms contradict each other (sufficient, not necessary)."""
+    planes = [h for h in region if isinstance(h, Affine)]
     atoms = {(c.node, c.test) for c in region if isinstance(c, Atom)}
     return any(h.const + sum(c * (v.extent - 1) for v, c in h.terms if c > 0) < 0
-               for h in region if isinstance(h, Affine)) or \
+               for h in planes + [a + b for k, a in enumerate(planes) for b in planes[k + 1:]]) or \
         any((n, "true") in atoms and (n, "false") in atoms or (n, "huge") in atoms and (n, "above") in atoms
             for n, _ in atoms)
 
@@ -299,7 +300,9 @@ class Facts:
                 if op != "div" and self.depends(other):
                     out += [(_and(r, q), value) for q in self._finite(op, v, other)]
                 else:
-                    out += [(reg, value) for reg in _defined(op, side, v, r, fs[1 - side])]
+                    infinite = [(q, b) for q, b in self.huge.get(other, []) if b == -math.inf] \
+                        if isinstance(other, LNode) else []
+                    out += [(reg, value) for reg in _defined(op, side, v, r, fs[1 - side] + infinite)]
         out += _both(fs[0], fs[1], lambda a, b: _fold(op, a, b))
         return out
 
@@ -381,11 +384,12 @@ class Magnitudes:
                 a1, b1, h1 = b1, a1, []       # x - y: y's bound from below bounds the difference from above
             huge = [(_and(r, q), b) for r, b in h0 for q in b1] + [(_and(r, q), b) for r, b in h1 for q in b0] + \
                 [(_and(r, q), max(b, c)) for r, b in h0 for q, c in h1]
-            return _pairs(a0, a1), _pairs(b0, b1), huge
+            return _pairs(a0, a1), _pairs(b0, b1), _overflowing(huge, n.dtype)
         if op == "neg":
             return cls[0][1], cls[0][0], []
         if op in ("mul", "div"):
-            return self._product(op, args, cls, mod)
+            above, below, huge = self._product(op, args, cls, mod)
+            return above, below, _overflowing(huge, n.dtype)
         if op in ("exp", "exp2"):
             return everywhere, cls[0][1], []
         if op in ("tanh", "sigmoid"):
@@ -434,6 +438,16 @@ class Magnitudes:
         if kind == "sum":
             return every(mod), every(mod), []
         return [], [], []
+
+
+def _overflowing(huge: list[Fact], dtype: torch.dtype) -> list[Fact]:
+    """A huge bound reached by arithmetic on a moderate value, as -inf where that value can take it past the type's
+    range: eager's fp16 s + finfo.min is -inf for s <= -16, and mish or silu of -inf is NaN (x times a 0 that the
+    facts would otherwise take for 0)."""
+    if not dtype.is_floating_point:
+        return huge
+    return [(r, -math.inf if torch.tensor(b - MODERATE, dtype=torch.float64).to(dtype).isinf() else b)
+            for r, b in huge]
 
 
 def _const_value(x: object) -> Optional[float]:
