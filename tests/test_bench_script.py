@@ -142,6 +142,27 @@ def test_ab_checks_each_tree_in_its_own_process(tmp_path):
     assert refused.returncode == 2 and "holding flashtensor/" in refused.stderr
 
 
+def test_ab_workers_answer_the_timing_turns(tmp_path):
+    """flashtensor/bench/ab.py's timed path end to end on the CPU: a tree whose sitecustomize stands do_bench in
+    (it runs the call once and returns 1 ms; CUDA events do not exist here) answers every turn over its pipes, and
+    each row has the rounds' median, no change against itself, and the kernel alone."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "flashtensor").symlink_to(ROOT / "flashtensor")
+    (tree / "sitecustomize.py").write_text(
+        "import triton.testing\n\n\ndef do_bench(fn, warmup=25, rep=100, return_mode='median'):\n"
+        "    fn()\n    return 1.0\n\n\ntriton.testing.do_bench = do_bench\n")
+    cmd = [sys.executable, "-m", "flashtensor.bench.ab", "attn", "--trees", f"a={tree},b={tree}", "--shape",
+           "small", "--rep", "5", "--rounds", "2"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, TRITON_INTERPRET="1"), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [ln for ln in proc.stdout.splitlines() if ln.startswith("| attn |")]
+    assert [r.split(" | ")[1:5] for r in rows] == [[label, r.split(" | ")[2], "1.0000 (1.0000-1.0000)", "+0.0%"]
+                                                  for label, r in zip("ab", rows)], rows
+    assert all(r.split(" | ")[2].startswith("ok (") and "ft_kernel0 1.0000 (" in r for r in rows), rows
+
+
 @pytest.mark.unit
 def test_ab_times_the_trees_in_turns_through_the_gpu_drift(tmp_path, capsys):
     """flashtensor/bench/ab.py's timing: a clock that slows each call by 1% makes a tree timed after another look

@@ -138,7 +138,8 @@ def compare_trees(name: str, trees: list[list[str]], shape: str, rep: int | None
             failed[label] = f"imported {rec['package']}, not the tree's package ({child.close()})"
         else:
             children[label], recs[label] = child, {**rec, "call_ms": []}
-    def ask(label: str, request: str) -> object | None:
+
+    def ask(label: str, request: str) -> object | None:     # a worker that dies fails its row
         answer = children[label].ask(request)
         if answer is None:
             failed[label] = f"crashed while timed ({children.pop(label).close()})"
