@@ -19,7 +19,7 @@
 #     bash scripts/gpu_check.sh host     # #22: h2o's cold first call, then the host time of a generic call, profiled
 #     bash scripts/gpu_check.sh wide     # keyformer with one head's S x S noise past 2**31 elements (int64 tiles)
 #     bash scripts/gpu_check.sh ab DIR   # the nine reference workloads, DIR's compiler (a `git archive REV
-#                                        # flashtensor` copy) against this tree's, timed side by side
+#                                        # flashtensor` copy) against this tree's, timed in turns
 #
 # Each part runs its compile-heavy work in parallel processes first (Triton's compiler is the slow part), then
 # times one thing at a time. Output under $OUT where it is set (the device tool's), else ./out.
