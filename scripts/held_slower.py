@@ -2,19 +2,11 @@
 
     python scripts/held_slower.py held.json      # prints the names, space-separated (none: an empty line)
 """
-from __future__ import annotations
-
 import json
 import sys
 
-
-def slower(path: str) -> list[str]:
-    with open(path) as f:
-        records = json.load(f)["programs"]
-    return sorted({r["program"] for r in records
-                   if (r.get("eager") or {}).get("ms") and (r.get("flashtensor") or {}).get("ms")
-                   and r["flashtensor"]["ms"] > r["eager"]["ms"]})
-
+from flashtensor.bench.held import slower_than_eager
 
 if __name__ == "__main__":
-    print(*slower(sys.argv[1]))
+    with open(sys.argv[1]) as f:
+        print(*slower_than_eager(json.load(f)))

@@ -4,6 +4,8 @@ fusing. What fails today is a strict xfail with the reason observed, so the day 
 and the entry goes."""
 import json
 import math
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -165,17 +167,19 @@ def test_compare_with_exact():
 
 @pytest.mark.unit
 def test_the_programs_slower_than_eager_are_named_for_a_second_run(tmp_path):
-    """scripts/held_slower.py, which gpu_check.sh's held part reads to time such programs again alone: by name,
-    once per program, not those without both times (a crash, an untimed run)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    import held_slower
-
+    """scripts/held_slower.py (held.slower_than_eager), which gpu_check.sh's held part reads to time such programs
+    again alone: by name, once per program, not those without both times (a crash, an untimed run)."""
     def rec(name: str, eager: float | None, ours: float | None) -> dict:
-        return {"program": name, "eager": {"ms": eager}, "flashtensor": {"ms": ours}}
+        return {"program": name, "eager": {"ms": eager, "error": None}, "flashtensor": {"ms": ours, "error": None}}
+    results = {"programs": [rec("a", 0.19, 0.21), rec("a", 0.20, 0.25), rec("b", 1.0, 0.5), rec("c", None, None),
+                            rec("d", 0.3, None), {"program": "e", "eager": None, "flashtensor": None}]}
+    assert held.slower_than_eager(results) == ["a"]
     path = tmp_path / "held.json"
-    path.write_text(json.dumps({"programs": [rec("a", 0.19, 0.21), rec("a", 0.20, 0.25), rec("b", 1.0, 0.5),
-                                             rec("c", None, None), rec("d", 0.3, None)]}))
-    assert held_slower.slower(str(path)) == ["a"]
+    path.write_text(json.dumps(results))
+    script = Path(__file__).resolve().parents[1] / "scripts" / "held_slower.py"
+    out = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, PYTHONPATH=str(script.parents[1])))
+    assert out.stdout == "a\n"
 
 
 @pytest.mark.unit

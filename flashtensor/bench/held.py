@@ -167,6 +167,12 @@ def ratio(rec: dict) -> float | None:
     return e / f if e and f else None
 
 
+def slower_than_eager(results: dict) -> list[str]:
+    """The programs of a run (its JSON) that ran slower than eager, by name: gpu_check.sh's held part times them
+    again alone."""
+    return sorted({rec["program"] for rec in results["programs"] if (r := ratio(rec)) is not None and r < 1})
+
+
 def fmt(x: float | None) -> str:
     """A time or ratio for a table: three decimals below 1, two above; '-' for none."""
     return "-" if x is None else (f"{x:.3f}" if x < 1 else f"{x:.2f}")
