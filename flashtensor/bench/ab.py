@@ -57,8 +57,7 @@ def worker(name: str, shape: str, rep: int | None) -> None:
         if request.strip() == "call":
             answer: object = do_bench(lambda: compiled(*args), warmup=25, rep=rep, return_mode="median")
         else:
-            answer = [f"{k.name} {ms:.4f} ({'x'.join(str(b) for b in k.blocks.values())}, "
-                      f"w{k.num_warps} s{k.num_stages})" for k, ms in kernel_times(prog, args, max(rep // 2, 10))]
+            answer = kernel_lines(prog, args, max(rep // 2, 10))
         print("AB " + json.dumps(answer), flush=True)
 
 
@@ -69,9 +68,20 @@ def kernel_times(prog: Program, args: tuple, rep: int) -> list[tuple[KernelSourc
     from flashtensor.runtime.launch import run_kernels
     tensors = [args[i] for i in prog.tensor_positions]
     # a base tree from before Program.kernel_inputs passed the plan's constants after the tensors
-    ins = prog.kernel_inputs(tensors, None) if hasattr(prog, "kernel_inputs") else tensors + prog.consts
-    bufs = run_kernels(prog.launches, ins, args[0].device)
+    if not hasattr(prog, "kernel_inputs"):
+        bufs = run_kernels(prog.launches, tensors + prog.consts, args[0].device)
+    else:       # a shape-generic program's kernels take the call's sizes
+        at = prog.at(tensors)
+        assert at is not None, "the program does not serve these arguments"
+        sizes = at[0] if prog.generic else None
+        bufs = run_kernels(prog.launches, prog.kernel_inputs(tensors, sizes), args[0].device, sizes)
     return [(la.source, do_bench(lambda: la(bufs), warmup=10, rep=rep, return_mode="median")) for la in prog.launches]
+
+
+def kernel_lines(prog: Program, args: tuple, rep: int) -> list[str]:
+    """kernel_times as text: each kernel's name, median ms, tiles, warps and stages."""
+    return [f"{k.name} {ms:.4f} ({'x'.join(str(b) for b in k.blocks.values())}, w{k.num_warps} s{k.num_stages})"
+            for k, ms in kernel_times(prog, args, rep)]
 
 
 class Child:

@@ -44,6 +44,7 @@ from flashtensor.cli.main import _use_interpreter_without_gpu
 from flashtensor.ir.sizes import evaluate, pow2_bucket
 
 from . import bench
+from .ab import kernel_lines
 
 ROUNDS = 5
 """versus: timings of each system, interleaved; one timing each differs by up to 5% between runs of the same
@@ -117,14 +118,18 @@ def versus(names: list[str], S: int, device: str, dims: dict, timed: bool) -> li
                 order = [("exact", exact), ("generic", generic)]
                 for which, c in order if r % 2 == 0 else order[::-1]:
                     times[which].append(_ms(lambda: c(*args), timed))
+            kernels = {which: kernel_lines(c.held_programs()[0], args, 50) if timed else []
+                       for which, c in (("exact", exact), ("generic", generic))}
         e = statistics.median(times["exact"]) if timed else None
         g = statistics.median(times["generic"]) if timed else None
         rec = {"program": name, "S": S, "ok": ok, "exact_ms": e, "generic_ms": g, "rounds_ms": times,
-               "generic_over_exact": g / e if e and g else None,
+               "generic_over_exact": g / e if e and g else None, "kernels": kernels,
                "generic": exact.cache_info()["generic"] == 0 and generic.cache_info()["generic"] == 1}
         out.append(rec)
         print(f"versus {name}: {'pass' if ok else 'FAIL'}, exact {e} ms, generic {g} ms"
               + ("" if rec["generic"] else " (the generic call planned for its shape: no generic plan)"), flush=True)
+        for which, ks in kernels.items():
+            print(f"  {which}: " + "; ".join(ks), flush=True)
         bench._free()
     return out
 
