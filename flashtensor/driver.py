@@ -156,7 +156,8 @@ def _emit(plan: Plan, call: Call) -> dict[int, list[KernelSpec]]:
         out[c] = [KernelSpec(s, f"ft_kernel{k}", loops.inputs, {r: owner[r] for r in s.plan.roots if r in owner},
                              prec.faithful, plan.stages["facts"], loaded, checks[k], folded, knobs.interpret(),
                              call.options.group_programs, call.options.fixup_programs,
-                             sizes=call.sizes(plan.captured), split_programs=call.options.split_programs,
+                             sizes=call.sizes(plan.captured), strided=sizes.strided(plan.captured.inputs),
+                             split_programs=call.options.split_programs,
                              splits=call.options.splits, f32_dot=call.options.float32_dot(),
                              recomputed=again)
                   for k, s in enumerate(schedules)]
@@ -316,6 +317,7 @@ def retune(prog: Program, args: list[Any], options: Options,
         return None
     tensors = [args[i] for i in prog.tensor_positions]
     now = prog.sizes(tensors)
+    bucket = sizes.bucket(now, prog.strided)
     env = plan.captured.shape_env
     guards = len(env.guards)
     chosen = plan.stages["tune"][0]
@@ -329,18 +331,18 @@ def retune(prog: Program, args: list[Any], options: Options,
         launches.append(la)
     _compile_fixups(launches, bufs)
     if len(env.guards) != guards:
-        log.debug("emitting for bucket %s specialised a size; planning anew", sizes.bucket(now))
+        log.debug("emitting for bucket %s specialised a size; planning anew", bucket)
         return None
     kernels = with_plain_keys([la.source for la in launches], _buffer_keys(plan.stages["rewrites"]))
     fused = {k: v for k, v in plan.entry.items() if k != "priced"}     # priced again at these sizes
-    entry = {**fused, "eager": False, "kernels": [encode_kernel(k) for k in kernels], "bucket": list(sizes.bucket(now)),
+    entry = {**fused, "eager": False, "kernels": [encode_kernel(k) for k in kernels], "bucket": list(bucket),
              "notes": [n for n in plan.entry["notes"] if n != plan.entry.get("priced")]}
     new = Plan(plan.stages, entry)
     program = _programs(new, prog.tensor_positions, prog.device, prog.fn, prog.compile_remainder)
     if timed(prog.device) and options.eager_if_faster:
         new.entry = _priced(new, entry, program, prog.fn, args, call_ms, per_call)
     if options.cache and knobs.cache():
-        plan_cache.store(plan_cache.key(plan.decomposed, args, options.key(), sizes.bucket(now)), new.entry)
+        plan_cache.store(plan_cache.key(plan.decomposed, args, options.key(), bucket), new.entry)
     return program()
 
 
@@ -454,7 +456,7 @@ def _device(example: Sequence[torch.Tensor]) -> torch.device:
 def _plan(plan: Plan, call: Call, args: list[Any], use_cache: bool, price: Callable[[dict], dict]) -> None:
     """The plan's entry: from the plan cache when it has it, else by searching (priced against eager on a GPU),
     then cached."""
-    bucket = sizes.bucket(call.sizes(plan.captured))
+    bucket = sizes.bucket(call.sizes(plan.captured), sizes.strided(plan.captured.inputs))
     key = plan_cache.key(plan.decomposed, args, call.options.key(), bucket) if use_cache else None
     entry = plan_cache.load(key) if key else None
     if entry is not None and not _admits(entry, call):
@@ -494,7 +496,7 @@ def _search(plan: Plan, call: Call) -> tuple[dict, bool]:
     return {"eager": False, "kernels": [encode_kernel(k) for k in kernels],
             "sizes": dict(g.size_sources), "guards": sizes.guards(g.shape_env) if g.shape_env else "True",
             "static": _static_sizes(call.example, g.size_sources),
-            "bucket": list(sizes.bucket(call.sizes(g))),
+            "bucket": list(sizes.bucket(call.sizes(g), sizes.strided(g.inputs))),
             "consts": [c.cpu() for c in plan.stages["constants"]], "prologue": prologue_names(fused),
             "results": [(n.name, ("out", i)) for i, n in enumerate(fused.outputs)], "notes": [],
             "summary": summary}, True

@@ -708,3 +708,79 @@ def test_a_size_hint_is_a_python_number_and_a_sympy_size_prints_as_one_operand(m
     name = "guarding_hint_or_throw" if hasattr(env, "guarding_hint_or_throw") else "size_hint"
     monkeypatch.setattr(env, name, lambda e: sympy.Integer(2))
     assert type(sizes.hint(ntiles)) is int and sizes.hint(ntiles) == 2
+
+
+def _segment_loads(src: str, start: str) -> list[str]:
+    """The tl.load lines of every loop of `src` whose range starts at `start` (a segment of the key loop)."""
+    lines, out = src.splitlines(), []
+    for i, ln in enumerate(lines):
+        if ln.lstrip().startswith(f"for l0 in tl.range(tl.multiple_of({start},"):
+            depth = len(ln) - len(ln.lstrip())
+            for body in lines[i + 1:]:
+                if len(body) - len(body.lstrip()) <= depth:
+                    break
+                out += [body] if "tl.load(" in body else []
+    return out
+
+
+def test_the_bulk_of_a_generic_loop_loads_without_bounds_tests():
+    """A generic kernel's loop tiles in its bulk segment [ua, ub) all lie inside the length (it ends at the last
+    whole tile), so their loads test no bound there, while the head and tail segments, which can hold the partial
+    last tile, keep the test; every length still matches eager."""
+    c = ft.compile(h2o_finfo, dynamic=True, cache=False)
+    for k, s in enumerate((50, 64, 100)):
+        _check(h2o_finfo, c, _inputs(1, 2, s, s, seed=k))
+    (prog,) = c.generic_programs()
+    src = prog.kernels[0].source
+    bulk, tail = _segment_loads(src, "ua"), _segment_loads(src, "ub")
+    assert bulk and tail
+    assert not any("mask=" in ln for ln in bulk), bulk
+    assert all("mask=" in ln for ln in tail), tail
+
+
+def test_rows_strided_by_a_length_are_told_aligned_where_16_divides_it(monkeypatch):
+    """A (B, H, S, S) input's rows are S elements apart: a generic kernel takes S's alignment as ALIGN (bit set
+    where 16 divides S, so Triton can load those rows a vector at a time), and the length bucket holds it, so a
+    bucket's calls launch one compiled kernel. Lengths 48 and 64 (aligned) and 50 (not) all match eager; h2o,
+    whose inputs end in the static head dimension, has no ALIGN."""
+    from flashtensor.codegen import artifact
+    from flashtensor.runtime import launch
+
+    seen = []
+
+    def spy(aligned, sizes, values):
+        bits = artifact.align_bits(aligned, sizes, values)
+        seen.append(bits)
+        return bits
+    monkeypatch.setattr(launch, "align_bits", spy)
+    c = ft.compile(_noise_scores, dynamic=True, cache=False)
+    buckets = {}
+    for k, s in enumerate((48, 50, 64)):
+        q, kk, v = _inputs(1, 2, s, s, seed=k)
+        args = [q, kk, v, 1 + torch.rand(1, 2, s, s, generator=torch.Generator().manual_seed(k))]
+        seen.clear()
+        _check(_noise_scores, c, args)
+        (prog,) = c.generic_programs()
+        buckets[s] = prog.at(args)[1]
+        assert seen and set(seen) == {1 if s % 16 == 0 else 0}, (s, seen)
+    (name,) = prog.kernels[0].aligned
+    assert prog.size_sources[name] == (3, 3)        # the noise's last extent, and only it
+    assert all("ALIGN: tl.constexpr" in k.source and f"{name} = _aligned({name}, (ALIGN >> 0) & 1)" in k.source
+               for k in prog.kernels)
+    assert buckets[48] != buckets[50] and [b[:2] for b in buckets[48]] == [b[:2] for b in buckets[50]]
+    h2o = ft.compile(h2o_finfo, dynamic=True, cache=False)
+    _check(h2o_finfo, h2o, _inputs(1, 2, 48, 48))
+    assert not any(k.aligned or "ALIGN" in k.source for k in h2o.generic_programs()[0].kernels)
+
+
+@pytest.mark.unit
+def test_a_bucket_holds_the_alignment_of_the_sizes_that_stride_rows():
+    from flashtensor.codegen.artifact import align_bits
+    from flashtensor.ir.sizes import bucket
+
+    assert bucket({"s0": 48, "s1": 3}, frozenset({"s0"})) == (("s0", 64, True), ("s1", 4, False))
+    assert bucket({"s0": 50, "s1": 3}, frozenset({"s0"})) == (("s0", 64, False), ("s1", 4, False))
+    assert bucket({"s0": 48}) == (("s0", 64, False),)      # a size that strides no row: alignment does not count
+    assert align_bits(["s0", "s2"], ["s0", "s1", "s2"], {"s0": 32, "s1": 5, "s2": 7}) == 1
+    assert align_bits(["s0", "s2"], ["s0", "s1", "s2"], {"s0": 31, "s1": 5, "s2": 64}) == 2
+    assert align_bits(["s0"], ["s1"], {"s0": 32, "s1": 5}) is None      # the kernel takes none: no ALIGN

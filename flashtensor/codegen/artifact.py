@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
-from ..ir.sizes import python
+from ..ir.sizes import ALIGN, python
 
 FINITE = ("finite",)   # buffer key of the finite-check flag: zeroed per call, NaN once a check finds a non-finite input
 HELPERS_MODULE = "flashtensor.codegen.triton_helpers"   # what every generated kernel imports its helpers from
@@ -61,6 +61,7 @@ class KernelSource:
     # in a shape-generic kernel, the reach of its int32 tile offsets (codegen/tiles.Tiles.offset), as size
     # expressions a call's sizes must keep below 2**31
     limits: list[str] = field(default_factory=list)
+    aligned: list[str] = field(default_factory=list)    # sizes its ALIGN bits stand for, in order (header)
 
     @property
     def reaches(self) -> list[str]:
@@ -80,11 +81,34 @@ INT32_REACH = 2 ** 31
 """Element offsets below it fit the int32 of a tile's indices."""
 
 
-def jit(sizes: Sequence[str]) -> str:
-    """The decorator line of a generated kernel. Its size arguments are not specialised: Triton would otherwise
-    compile the kernel again for the lengths that 16 divides, seconds on a call that should only launch, and fold a
-    length of 1 into the code, where an early-exit loop that then never runs crashes its sm_90 pipeline."""
-    return f"@triton.jit(do_not_specialize={list(sizes)!r})" if sizes else "@triton.jit"
+def header(name: str, buffers: Sequence[Buffer], sizes: Sequence[str], aligned: Sequence[str],
+           mode: bool) -> list[str]:
+    """The first lines of a generated kernel: its decorator, its signature (buffers, size arguments, then the
+    constexprs: MODE where it has a fixup pass, PDL, and ALIGN where it takes a size of `aligned`), the wait for
+    the kernel before it (PDL), and each size of `aligned` it takes, told a multiple of ALIGN where ALIGN's bit
+    for it (its position in `aligned`) says so.
+
+    Size arguments are not specialised: Triton would otherwise compile the kernel again for the lengths that 16
+    divides, seconds on a call that should only launch, and fold a length of 1 into the code, where an early-exit
+    loop that then never runs crashes its sm_90 pipeline. Alignment matters only for the sizes that stride rows
+    (ir.sizes.strided): unspecialised, Triton cannot see a row's start aligned, nor a bounds mask constant over a
+    vector, and loads those rows an element at a time. So the launch passes their alignment as ALIGN
+    (runtime/launch.py), and ir.sizes.bucket keeps a bucket's calls on one value of it."""
+    hinted = [(i, s) for i, s in enumerate(aligned) if s in sizes]
+    consts = (["MODE: tl.constexpr"] if mode else []) + ["PDL: tl.constexpr"] + \
+        (["ALIGN: tl.constexpr"] if hinted else [])
+    jit = f"@triton.jit(do_not_specialize={list(sizes)!r})" if sizes else "@triton.jit"
+    told = [f"    {s} = _aligned({s}, (ALIGN >> {i}) & 1)" for i, s in hinted]
+    return [jit, f"def {name}({', '.join([b.name for b in buffers] + list(sizes) + consts)}):",
+            "    if PDL:", "        _after_prior()"] + told
+
+
+def align_bits(aligned: Sequence[str], sizes: Sequence[str], values: Mapping[str, int]) -> Optional[int]:
+    """ALIGN of a launch of a kernel taking `sizes` (`header`): bit i set where it takes the i-th size of `aligned`
+    and ALIGN divides its value; None where it takes none of them (it has no ALIGN)."""
+    if not set(aligned) & set(sizes):
+        return None
+    return sum(1 << i for i, s in enumerate(aligned) if s in sizes and values[s] % ALIGN == 0)
 
 
 def plain_shape(b: Buffer) -> Buffer:

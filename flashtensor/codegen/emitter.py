@@ -83,13 +83,13 @@ class Emitter(Tiles):
         out = self.fresh("x")
         op = n.op
         if n in self.s.boundary:
-            return self.load_intermediate(n, out, lines), tv
+            return self.load_intermediate(n, out, lines, ctx), tv
         if op == "load":
             shape, dtype = self.inputs[n.attrs["input"]]
             buf = self.buffer(("in", n.attrs["input"]), shape, dtype, "input")
             strides = contig(shape)
             off = self.offset(zip(n.attrs["index"], strides), tv)
-            mask = self.load_mask(n, tv)
+            mask = self.load_mask(n, tv, ctx)
             lines.append(f"{out}_raw = tl.load({buf} + {off}" + (f", mask={mask}, other=0)" if mask else ")"))
             self.loaded.append((tv, dtype.itemsize))
             if self.checks.get(n.attrs["input"], (None,))[0] is n:
@@ -156,9 +156,9 @@ class Emitter(Tiles):
             return self.tile_reduce(n, ctx, lines, out)
         raise ScheduleError(f"no Triton lowering for op '{op}'", where=n.origin)
 
-    def load_mask(self, n: LNode, tv: list[Var]) -> Optional[str]:
+    def load_mask(self, n: LNode, tv: list[Var], ctx: Optional[Body] = None) -> Optional[str]:
         """The mask of an input's load: a cat's piece is read at the joined axis' index minus its offset."""
-        return self.index_mask(tv, zip(n.attrs["index"], self.inputs[n.attrs["input"]][0]))
+        return self.index_mask(tv, zip(n.attrs["index"], self.inputs[n.attrs["input"]][0]), ctx)
 
     def full(self, e: str, xs: Sequence[object], tv: list[Var], ctx: Body) -> str:
         """`e`, computed from the values xs, as a tile over all of tv: constants in place of values that

@@ -9,15 +9,16 @@ from ..ir.sizes import ceildiv, python
 from ..options import TileConfig
 from ..schedule.schedule import ScheduleError
 from . import check, loop, ranges, split
-from .artifact import HELPERS_MODULE, KernelSource, jit, plain_shape
+from .artifact import HELPERS_MODULE, KernelSource, header, plain_shape
 from .body import Body
 from .emitter import Emitter
 from .lower import lit
 from .spec import KernelSpec
 
 # what generated kernels call from codegen/triton_helpers.py
-HELPERS = ("_after_prior", "_div_as_eager", "_expm1", "_log1p", "_log2_approx", "_max_over", "_min_nan", "_min_over",
-           "_mul_rn", "_pow", "_round_bf16", "_scale_f16", "_tanh", "_tanh_as_eager", "_tanh_fast", "_with_check")
+HELPERS = ("_after_prior", "_aligned", "_div_as_eager", "_expm1", "_log1p", "_log2_approx", "_max_over", "_min_nan",
+           "_min_over", "_mul_rn", "_pow", "_round_bf16", "_scale_f16", "_tanh", "_tanh_as_eager", "_tanh_fast",
+           "_with_check")
 
 
 def emit_kernel(spec: KernelSpec, cfg: TileConfig) -> KernelSource:
@@ -94,16 +95,13 @@ def emit_kernel(spec: KernelSpec, cfg: TileConfig) -> KernelSource:
     prog = check.modes(em, bool(c.shares), programs, tile, checked)
     buffers = list(em.bufs.values())
     size_args = sorted(spec.sizes)
-    head = [f"def {spec.name}({', '.join([b.name for b in buffers] + size_args)}, MODE: tl.constexpr, "
-            "PDL: tl.constexpr):",
-            "    if PDL:", "        _after_prior()"]
-    lines = head + ["    " + ln for ln in prog]
+    lines = header(spec.name, buffers, size_args, spec.aligned, mode=True) + ["    " + ln for ln in prog]
     pre_src, pre = ranges.prologues(spec, cfg)
     comb_src, comb = split.combine(spec, cfg, ntiles, grid1, em.splits) if em.split else ("", None)
     src = "import triton\nimport triton.language as tl\n\n" + \
-        f"from {HELPERS_MODULE} import {', '.join(HELPERS)}\n\n\n{jit(size_args)}\n" + "\n".join(lines) + "\n" + \
-        pre_src + comb_src
+        f"from {HELPERS_MODULE} import {', '.join(HELPERS)}\n\n\n" + "\n".join(lines) + "\n" + pre_src + comb_src
     blocks = {str(v): em.blk[v] for v in em.blk}
     return KernelSource(spec.name, src, [plain_shape(b) for b in buffers], (python(programs),), cfg.num_warps,
                         cfg.num_stages, blocks, bool(s.skip or s.special or s.runtime), bool(c.shares),
-                        spec.fixup_programs, size_args, pre, python(em.splits), comb, sorted(set(em.limits)))
+                        spec.fixup_programs, size_args, pre, python(em.splits), comb, sorted(set(em.limits)),
+                        spec.aligned)

@@ -26,7 +26,7 @@ from ..analysis.facts import Region
 from ..ir.loops import Affine, LNode, Var
 from ..ir.sizes import Size, ceildiv, python, source
 from ..options import TileConfig
-from .artifact import Prologue, jit
+from .artifact import Prologue, header
 from .body import Body
 from .emitter import Emitter
 from .lower import pow2
@@ -67,9 +67,8 @@ def prologues(spec: KernelSpec, cfg: TileConfig) -> tuple[str, list[Prologue]]:
     src, out = "", []
     for em, name, body, grid in made:
         bufs = [dataclasses.replace(b, shape=tuple(python(d) for d in b.shape)) for b in em.bufs.values()]
-        head = f"def {name}({', '.join([b.name for b in bufs] + sizes)}, PDL: tl.constexpr):"
-        src += f"\n\n{jit(sizes)}\n" + "\n".join([head, "    if PDL:", "        _after_prior()"] +
-                                                ["    " + ln for ln in body]) + "\n"
+        src += "\n\n" + "\n".join(header(name, bufs, sizes, spec.aligned, mode=False) +
+                                   ["    " + ln for ln in body]) + "\n"
         out.append(Prologue(name, bufs, (python(grid),), WARPS, sizes, em.limits))
     return src, out
 

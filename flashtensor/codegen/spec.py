@@ -53,3 +53,9 @@ class KernelSpec:
     f32_dot: str = "ieee"                  # Options.f32_dot
     recomputed: frozenset[LNode] = frozenset()     # values another kernel of the plan computes too
     sizes: Mapping[str, int] = field(default_factory=dict)   # a symbolic size's value in the bucket emitted for
+    strided: frozenset[str] = frozenset()    # sizes that stride an input's rows (ir.sizes.strided)
+
+    @property
+    def aligned(self) -> list[str]:
+        """The size arguments whose alignment the kernels take as ALIGN (artifact.header), in order."""
+        return sorted(self.strided & set(self.sizes))

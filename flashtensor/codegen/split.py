@@ -26,7 +26,7 @@ from ..ir.sizes import Size, ceildiv, python, source, symbolic
 from ..options import TileConfig
 from ..schedule.schedule import Accum, Schedule
 from . import loop
-from .artifact import FINITE, Prologue, jit, plain_shape
+from .artifact import FINITE, Prologue, header, plain_shape
 from .emitter import Emitter
 from .lower import contig, lit
 from .spec import CheckPlan, KernelSpec
@@ -181,7 +181,5 @@ def combine(spec: KernelSpec, cfg: TileConfig, ntiles: Size, grid1: Size, splits
     name = f"{spec.name}_combine"
     bufs = [plain_shape(b) for b in em.bufs.values()]
     sizes = sorted(spec.sizes)
-    src = f"\n\n{jit(sizes)}\n" + "\n".join(
-        [f"def {name}({', '.join([b.name for b in bufs] + sizes)}, MODE: tl.constexpr, PDL: tl.constexpr):",
-         "    if PDL:", "        _after_prior()"] + ["    " + ln for ln in body]) + "\n"
+    src = "\n\n" + "\n".join(header(name, bufs, sizes, spec.aligned, mode=True) + ["    " + ln for ln in body]) + "\n"
     return src, Prologue(name, bufs, (python(ntiles * grid1),), COMBINE_WARPS, sizes, em.limits)

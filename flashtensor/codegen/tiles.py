@@ -154,16 +154,20 @@ class Tiles(abc.ABC):
             return True
         return v.extent % self.blk[v] != 0 if v in (self.s.row, self.s.loop) else self.padded(v)
 
-    def range_mask(self, tv: list[Var]) -> Optional[str]:
+    def range_mask(self, tv: list[Var], ctx: Optional[Body] = None) -> Optional[str]:
         """Bounds test for a tile that can reach past an extent. Loop ranges start at multiples of the
-        loop block, so a loop variable whose extent the block divides never needs one."""
-        conds = [f"({self.idx(v, tv)} < {source(v.extent)})" for v in tv if self.partial(v)]
+        loop block, so a loop variable whose extent the block divides never needs one, nor does it in a loop
+        body (`ctx`) whose tiles all lie inside its extent: one without bounds tests, the bulk of the loop."""
+        inside = ctx is not None and not ctx.bounds
+        conds = [f"({self.idx(v, tv)} < {source(v.extent)})" for v in tv
+                 if self.partial(v) and not (inside and v is self.s.loop)]
         return " & ".join(conds) if conds else None
 
-    def index_mask(self, tv: list[Var], index: Iterable[tuple[Affine, Size]]) -> Optional[str]:
+    def index_mask(self, tv: list[Var], index: Iterable[tuple[Affine, Size]],
+                   ctx: Optional[Body] = None) -> Optional[str]:
         """The tile's bounds test, and where an index of a load can leave its range [0, size), the test that it
         does not: those elements load 0."""
-        conds = [self.range_mask(tv)]
+        conds = [self.range_mask(tv, ctx)]
         for e, size in index:
             below, past = outside(e, size)
             conds += [f"({self.affine(e, tv)} >= 0)" if below else None,
@@ -176,7 +180,7 @@ class Tiles(abc.ABC):
         self.bufs[key].written |= written
         return self.bufs[key].name
 
-    def load_intermediate(self, n: LNode, out: str, lines: list[str]) -> str:
+    def load_intermediate(self, n: LNode, out: str, lines: list[str], ctx: Optional[Body] = None) -> str:
         """Load an earlier kernel's value of n over this tile; an `at` node's stored value at its index map,
         0 where the index leaves the stored range, and its merged variables as one: they are adjacent in the
         buffer, so the merged variable steps by the innermost one's stride."""
@@ -188,7 +192,7 @@ class Tiles(abc.ABC):
             strides = {var if v is group[-1] else v: st for v, st in strides.items() if v not in group[:-1]}
         at = [(index.get(v, Affine.of(v)), st) for v, st in strides.items()]
         off = self.offset(at, tv)
-        mask = self.index_mask(tv, ((e, v.extent) for v, e in index.items()))
+        mask = self.index_mask(tv, ((e, v.extent) for v, e in index.items()), ctx)
         lines.append(f"{out} = tl.load({buf} + {off}" + (f", mask={mask}, other=0)" if mask else ")"))
         self.loaded.append((tv, self.bufs[stored(n)].dtype.itemsize))
         return out

@@ -102,6 +102,15 @@ def _scale_f16(x, c: tl.constexpr, hi2: tl.constexpr, lo2: tl.constexpr):
 
 
 @triton.jit
+def _aligned(n, ALIGNED: tl.constexpr):
+    # n, a size argument, as a value Triton knows 16 divides where the launch says it does (codegen/artifact.header):
+    # the rows it strides then load a vector at a time. n // 16 * 16 is n there.
+    if ALIGNED:
+        n = n // 16 * 16
+    return n
+
+
+@triton.jit
 def _after_prior():
     # programmatic dependent launch (runtime/launch.py): wait until the plan's kernel before this one has
     # finished and its writes are visible, then let the next kernel launch: its programs take the SMs that

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import sympy
 import torch
@@ -226,9 +226,21 @@ def _print(e: Any, funcs: Mapping[str, str]) -> str:
     raise NotImplementedError(f"no Triton source for the size expression {e}")
 
 
-def bucket(sizes: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
-    """The length bucket of a call's sizes: each symbol's next power of two."""
-    return tuple(sorted((name, pow2_bucket(v)) for name, v in sizes.items()))
+ALIGN = 16
+"""A size that this divides keeps every row it strides aligned for vector loads (16 elements: 16 bytes or more)."""
+
+
+def strided(inputs: Iterable[Any]) -> frozenset[str]:
+    """The size symbols that are a tensor input's last, contiguous extent: the row stride of what comes before it.
+    Whether ALIGN divides one decides whether kernels can load its rows a vector at a time (codegen/artifact.header)."""
+    return frozenset(n for x in inputs if len(x.shape) for n in names(x.shape[-1]))
+
+
+def bucket(sizes: Mapping[str, int], aligned: frozenset[str] = frozenset()) -> tuple[tuple[str, int, bool], ...]:
+    """The length bucket of a call's sizes: each symbol's next power of two, and for the symbols in `aligned`
+    (`strided`'s) whether ALIGN divides it, since the kernels are compiled for that: a call in a tuned bucket
+    launches what its tuning compiled."""
+    return tuple(sorted((name, pow2_bucket(v), name in aligned and v % ALIGN == 0) for name, v in sizes.items()))
 
 
 def pow2_bucket(n: int) -> int:

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 
 from .. import knobs
-from ..codegen.artifact import FINITE, Buffer, KernelSource
+from ..codegen.artifact import FINITE, Buffer, KernelSource, align_bits
 from ..ir.sizes import evaluator
 
 SIZES = ("sizes",)     # buffer key of the size symbols' values
@@ -142,6 +142,9 @@ class Launch:
         def step(fn: Any, grid: int, buffers: list[Buffer], names: list[str], **options: Any) -> Step:
             keys = [b.source for b in buffers]
             values = [sizes[n] for n in names]
+            align = align_bits(src.aligned, names, sizes)
+            if align is not None:
+                options["ALIGN"] = align
             spec = (id(fn), tuple(sorted(options.items())), tuple(map(_size_spec, values)))
             return Step(fn, (grid,), keys, values, options, [i for i, k in enumerate(keys) if _is_input(k)],
                         self._kernels, spec, direct)

@@ -16,7 +16,7 @@ import torch
 
 from ..codegen.artifact import INT32_REACH, KernelSource, decode_kernel
 from ..ir.graph import Graph, Node
-from ..ir.sizes import bucket, evaluate, holds, values
+from ..ir.sizes import bucket, evaluate, holds, strided, values
 from .launch import Launch, load_kernel, memoised, run_kernels
 from .remainder import Remainder
 
@@ -84,6 +84,7 @@ class Program:
         self.guards: str = plan.entry.get("guards", "True")
         self.static: list[tuple[int, int, int]] = plan.entry.get("static", [])
         self.bucket: tuple = tuple(tuple(b) for b in plan.entry.get("bucket", ()))   # the tuned bucket
+        self.strided = strided(plan.captured.inputs)     # sizes whose alignment the bucket holds (ir.sizes.bucket)
         # the int32 tile offsets' reach, all kernels' in one expression (evaluated on each call)
         self._at: dict[tuple, Any] = {}      # Program.at by the tensors' shapes
         self._kept: dict[tuple, Any] = {}    # the last call's buffers and masks by thread and stream (run_kernels)
@@ -111,7 +112,7 @@ class Program:
         now = self.sizes(tensors)
         if self.generic and not (holds(self.guards, now) and evaluate(self.reach, now) < INT32_REACH):
             return None
-        return now, bucket(now)
+        return now, bucket(now, self.strided)
 
     def fits(self, args: Sequence[Any]) -> bool:
         return not self.generic or self.at([args[i] for i in self.tensor_positions]) is not None
