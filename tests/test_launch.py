@@ -9,6 +9,7 @@ import types
 
 import pytest
 import torch
+from triton.knobs import HookChain
 
 import flashtensor as ft
 from conftest import assert_close
@@ -27,7 +28,7 @@ class Kernel:
         self.log = log
 
     def launch_metadata(self, grid, stream, *args):
-        return None
+        return ("metadata of", grid)
 
     def run(self, *args):
         self.log.append(("direct", args))
@@ -53,8 +54,8 @@ class JitFunction:
 def test_a_step_launches_through_triton_once_per_specialisation_then_directly(monkeypatch):
     monkeypatch.setattr(launch, "_current_device", lambda: 0)
     monkeypatch.setattr(launch, "_current_stream", lambda device: 7)
-    monkeypatch.setattr(launch, "_triton", lambda: (None, types.SimpleNamespace(launch_enter_hook=None,
-                                                                                launch_exit_hook=None)))
+    hooks = types.SimpleNamespace(launch_enter_hook=HookChain(), launch_exit_hook=HookChain(reversed=True))
+    monkeypatch.setattr(launch, "_triton", lambda: (None, hooks))     # Triton's own chains, empty
     fn = JitFunction()
     options = {"MODE": 0, "PDL": False, "num_warps": 4}
     step = Step(fn, (12,), [("in", 0), ("tmp", 0)], [5], options, [0], {}, ("spec",), True)
@@ -68,6 +69,11 @@ def test_a_step_launches_through_triton_once_per_specialisation_then_directly(mo
     # grid, stream, the kernel's handles, no launch metadata or hooks, then every argument and the constants
     assert fn.log[1][1] == (12, 1, 1, 7, "function", "metadata", None, None, None, aligned, out, 5, 0, False)
     assert fn.log[3][1][9] is unaligned
+    # a profiler's hook: the launch builds its metadata and passes the chains
+    hooks.launch_enter_hook.add(print)
+    hooks.launch_exit_hook.add(print)
+    step.launch({("in", 0): aligned, ("tmp", 0): out})
+    assert fn.log[-1][1][6:9] == (("metadata of", (12,)), hooks.launch_enter_hook, hooks.launch_exit_hook)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or knobs.interpret(), reason="launches real kernels on a GPU")

@@ -281,8 +281,15 @@ def _context(buffers: dict) -> tuple[int, int, Any, Any]:
     if ctx is None:
         device = _current_device()
         hooks = _triton()[1]
-        ctx = buffers[LAUNCH] = (device, _current_stream(device), hooks.launch_enter_hook, hooks.launch_exit_hook)
+        ctx = buffers[LAUNCH] = (device, _current_stream(device), _hook(hooks.launch_enter_hook),
+                                 _hook(hooks.launch_exit_hook))
     return ctx
+
+
+def _hook(hook: Any) -> Any:
+    """A launch hook, or None where none is set: Triton keeps its hooks in a chain that is never None itself, and
+    calling an empty one still costs each launch its metadata and two Python calls."""
+    return None if hook is None or getattr(hook, "calls", None) == [] else hook
 
 
 def _current_device() -> int:
