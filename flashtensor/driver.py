@@ -398,15 +398,17 @@ def _priced(plan: Plan, entry: dict, program: Callable[[], Program], fn: Callabl
     return {**entry, "eager": True, "priced": note, "notes": entry["notes"] + [note]}
 
 
-def candidate_plans(fn: Callable, args: list[Any], options: Options = Options()) -> Iterator[tuple[int, Plan]]:
+def candidate_plans(fn: Callable, args: list[Any], options: Options = Options(),
+                    dynamic: frozenset[tuple[int, int]] = frozenset()) -> Iterator[tuple[int, Plan]]:
     """Each partition candidate's plan for fn(*args), searched up to its kernel specs and not tuned, on the
-    arguments' device (meta tensors work: nothing runs). For tools that read the generated kernels without running
-    them (scripts/kernel_hashes.py, scripts/compile_sm90.py); those that do not schedule are left out."""
+    arguments' device (meta tensors work: nothing runs), generic in the (tensor argument, dimension) pairs of
+    `dynamic`. For tools that read the generated kernels without running them (scripts/kernel_hashes.py,
+    scripts/compile_sm90.py); those that do not schedule are left out."""
     tensor_fn, positions = _of_tensors(fn, args)
     example = [args[i] for i in positions]
     k, count = 0, 1
     while k < count:
-        call = Call(tensor_fn, example, torch.device("cpu"), dataclasses.replace(options, candidate=k))
+        call = Call(tensor_fn, example, torch.device("cpu"), dataclasses.replace(options, candidate=k), dynamic)
         plan = Plan()
         _run(FRONT, plan, call)
         if not plan.stages["fusable"].outputs:

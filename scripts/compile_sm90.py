@@ -100,6 +100,9 @@ def _compile(src: Any, where: Path) -> list[str]:
     c = src.combine
     builds += [(c.name, _signature(c.buffers, c.sizes), {"MODE": mode}, c.num_warps, src.num_stages)
                for mode in (modes if c else ())]
+    # a kernel told which lengths 16 divides (codegen/artifact.header) builds with none and with all of them
+    builds = [(name, types, {**consts, **align}, warps, stages) for name, types, consts, warps, stages in builds
+              for align in aligns(getattr(module, name), src.aligned)]
     errors = []
     for name, types, modes, warps, stages in builds:
         try:
@@ -113,6 +116,13 @@ def _compile(src: Any, where: Path) -> list[str]:
     return errors
 
 
+def aligns(fn: Any, aligned: list[str]) -> list[dict[str, int]]:
+    """The ALIGN values to build a kernel with: none where it takes no ALIGN, else no length aligned and all."""
+    if "ALIGN" not in [p.name for p in fn.params]:
+        return [{}]
+    return [{"ALIGN": 0}, {"ALIGN": (1 << len(aligned)) - 1}]
+
+
 def _signature(buffers: list, sizes: list[str]) -> dict[str, str]:
     """A kernel's argument types as Triton's compiler takes them: its buffers' pointers, then its sizes."""
     return {**{b.name: "*" + _TYPES[b.dtype] for b in buffers}, **{n: "i32" for n in sizes}}
@@ -120,15 +130,16 @@ def _signature(buffers: list, sizes: list[str]) -> dict[str, str]:
 
 def _sm90(fn: Any, types: dict[str, str], modes: dict[str, int], warps: int, stages: int) -> Any:
     """fn compiled for sm_90 with every pointer 16-byte aligned, as a launch on the GPU specialises torch's
-    allocations (and no size: codegen/artifact.jit): the code it then vectorises is what fails (a bool mask's
+    allocations (and no size: codegen/artifact.header): the code it then vectorises is what fails (a bool mask's
     cp.async of 1 byte once, which unaligned compiles passed)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     aligned = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(types.values()) if t.startswith("*")}
-    return triton.compile(ASTSource(fn=fn, signature={**types, **{m: "constexpr" for m in modes}, "PDL": "constexpr"},
-                                    constexprs={**modes, "PDL": True}, attrs=aligned),
+    signature = {**types, **{m: "constexpr" for m in modes if m != "ALIGN"}, "PDL": "constexpr",
+                 **({"ALIGN": "constexpr"} if "ALIGN" in modes else {})}      # in the order of the parameters
+    return triton.compile(ASTSource(fn=fn, signature=signature, constexprs={**modes, "PDL": True}, attrs=aligned),
                           target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": warps, "num_stages": stages})
 
