@@ -726,7 +726,9 @@ def _segment_loads(src: str, start: str) -> list[str]:
 def test_the_bulk_of_a_generic_loop_loads_without_bounds_tests():
     """A generic kernel's loop tiles in its bulk segment [ua, ub) all lie inside the length (it ends at the last
     whole tile), so their loads test no bound there, while the head and tail segments, which can hold the partial
-    last tile, keep the test; every length still matches eager."""
+    last tile, keep the test. Every load in the loop takes its key rows at l0 * stride plus a tile of offsets
+    that no step changes (the stride is a size: a head count times the head dimension), not (l0 + r) * stride
+    per element. Every length still matches eager."""
     c = ft.compile(h2o_finfo, dynamic=True, cache=False)
     for k, s in enumerate((50, 64, 100)):
         _check(h2o_finfo, c, _inputs(1, 2, s, s, seed=k))
@@ -736,6 +738,26 @@ def test_the_bulk_of_a_generic_loop_loads_without_bounds_tests():
     assert bulk and tail
     assert not any("mask=" in ln for ln in bulk), bulk
     assert all("mask=" in ln for ln in tail), tail
+
+
+def test_loop_rows_strided_by_a_size_step_from_one_offset_tile():
+    """(B, S, H, D) inputs, as models hold them before `transpose(1, 2)`: a key row is H * D elements after the one
+    before, a size in a generic plan. Every load in the key loop takes its rows at l0 * stride plus a tile of
+    offsets that no step changes, not (l0 + r) * stride per element (a multiply per element and step); every
+    length still matches eager."""
+    def attention(q, k, v):
+        q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+        p = F.softmax(q @ k.transpose(-1, -2) / 4.0, dim=-1)
+        return (p @ v).transpose(1, 2), p.sum(dim=-2)
+
+    c = ft.compile(attention, dynamic=True, cache=False)
+    for k, (s, h) in enumerate(((50, 2), (64, 3), (100, 2))):
+        g = torch.Generator().manual_seed(k)
+        _check(attention, c, [torch.randn(1, s, h, 16, generator=g) for _ in range(3)])
+    (prog,) = c.generic_programs()
+    loads = [ln for k in prog.kernels for start in ("lo", "ua", "ub") for ln in _segment_loads(k.source, start)
+             if "inp1" in ln or "inp2" in ln]
+    assert loads and all("tl.cast(l0, tl.int64) * " in ln and "tl.arange(0, " in ln for ln in loads), loads
 
 
 def test_rows_strided_by_a_length_are_told_aligned_where_16_divides_it(monkeypatch):

@@ -88,7 +88,7 @@ class Emitter(Tiles):
             shape, dtype = self.inputs[n.attrs["input"]]
             buf = self.buffer(("in", n.attrs["input"]), shape, dtype, "input")
             strides = contig(shape)
-            off = self.offset(zip(n.attrs["index"], strides), tv)
+            off = self.offset(zip(n.attrs["index"], strides), tv, ctx)
             mask = self.load_mask(n, tv, ctx)
             lines.append(f"{out}_raw = tl.load({buf} + {off}" + (f", mask={mask}, other=0)" if mask else ")"))
             self.loaded.append((tv, dtype.itemsize))
@@ -226,7 +226,8 @@ class Emitter(Tiles):
         """Sum n accumulated over a loop: a contraction over CHUNK-wide pieces of its axis k, or (`stepped`) over the
         values of k, a second variable it sums over (Schedule.steps), each value's sum a dot or a tile sum. Each
         piece's values are computed inside the loop (those off k before it), so no whole tile over k stays live."""
-        inner = Body(ctx.pass_ if ctx else 0, ctx.region if ctx else frozenset(), ctx.bounds if ctx else False, {})
+        inner = Body(ctx.pass_ if ctx else 0, ctx.region if ctx else frozenset(), ctx.bounds if ctx else False, {},
+                     ctx.stepped if ctx else False)
         full, raw = self.blk[k], dict(self.raw)
         self.blk[k], self.chunk = (full if stepped else CHUNK), (k, inner, ctx, stepped)
         try:

@@ -122,13 +122,16 @@ class Tiles(abc.ABC):
             parts.append(source(e.const))
         return "(" + " + ".join(parts) + ")"
 
-    def offset(self, parts: Iterable[tuple[Affine, Size]], tv: list[Var]) -> str:
+    def offset(self, parts: Iterable[tuple[Affine, Size]], tv: list[Var], ctx: Optional[Body] = None) -> str:
         """The element offset, the sum of index * stride over `parts`, of a load or store over this tile. The
         program's own (scalar) indices are taken to int64 before they scale, so a tensor past 2**31 elements is
         addressed right at no cost per element, and come first: `buf + scalars` is one pointer that the tile's
         int32 vectors, summed apart, then offset once. Those vectors widen too where their reach within that
         slice passes int32; in a shape-generic kernel the reach is a size expression, kept in `limits` for the
-        plan to check per call."""
+        plan to check per call. In a body of the loop (`ctx.stepped`), the loop variable's term with a stride
+        that is a size, (l0 + r) * stride, is written l0 * stride among the scalars plus r * stride in the tile:
+        the tile's part does not change from one step to the next, so Triton computes it once, before the loop,
+        where (l0 + r) * stride took a multiply per element and step."""
         coef: dict[Var, Any] = {}
         const: Any = 0
         for e, st in parts:
@@ -141,8 +144,17 @@ class Tiles(abc.ABC):
         if symbolic(reach):
             self.limits.append(str(python(reach)))
         wide = not symbolic(reach) and hint(reach) >= INT32_REACH
+        L = self.s.loop
+        base = L if ctx is not None and ctx.stepped and L is not None and L in vector and symbolic(coef[L]) and \
+            not self.chunked(L) else None
         scalars = [times(f"tl.cast({self.idx(v, tv)}, tl.int64)", coef[v]) for v in coef if self.scalar(v)]
-        tile = [times(f"{self.idx(v, tv)}.to(tl.int64)" if wide else self.idx(v, tv), coef[v]) for v in vector]
+        scalars += [times("tl.cast(l0, tl.int64)", coef[base])] if base is not None else []
+
+        def index(v: Var) -> str:
+            at = self.idx(v, tv)
+            at = at.replace(f"o_{v}", f"tl.arange(0, {self.blk[v]})") if v is base else at
+            return f"{at}.to(tl.int64)" if wide else at
+        tile = [times(index(v), coef[v]) for v in vector]
         if symbolic(const) or const:
             tile.append(source(const))
         # the tile's terms summed apart, in their own width, then added to the pointer once
@@ -191,7 +203,7 @@ class Tiles(abc.ABC):
             group, var = n.attrs["merged"]
             strides = {var if v is group[-1] else v: st for v, st in strides.items() if v not in group[:-1]}
         at = [(index.get(v, Affine.of(v)), st) for v, st in strides.items()]
-        off = self.offset(at, tv)
+        off = self.offset(at, tv, ctx)
         mask = self.index_mask(tv, ((e, v.extent) for v, e in index.items()), ctx)
         lines.append(f"{out} = tl.load({buf} + {off}" + (f", mask={mask}, other=0)" if mask else ")"))
         self.loaded.append((tv, self.bufs[stored(n)].dtype.itemsize))
