@@ -73,6 +73,10 @@ class Call:
         """The values of g's size symbols in this call."""
         return sizes.values(g.size_sources, self.example)
 
+    def bucket(self, g: Graph) -> tuple:
+        """This call's length bucket of g's sizes (ir.sizes.bucket), with the alignment of those striding rows."""
+        return sizes.bucket(self.sizes(g), sizes.strided(g.inputs))
+
 
 # ---- the stages ----------------------------------------------------------------------------------------------
 
@@ -148,6 +152,7 @@ def _emit(plan: Plan, call: Call) -> dict[int, list[KernelSpec]]:
     for o in loops.outputs:
         owner.setdefault(o.node, []).append(o)
     out = {}
+    strided = sizes.strided(plan.captured.inputs)
     for c, schedules in plan.stages["schedule"].items():
         loaded = frozenset(stored(n) for s in schedules for n in s.plan.loads)
         checks = plan_checks(loops, schedules, prec.narrowed)
@@ -156,7 +161,7 @@ def _emit(plan: Plan, call: Call) -> dict[int, list[KernelSpec]]:
         out[c] = [KernelSpec(s, f"ft_kernel{k}", loops.inputs, {r: owner[r] for r in s.plan.roots if r in owner},
                              prec.faithful, plan.stages["facts"], loaded, checks[k], folded, knobs.interpret(),
                              call.options.group_programs, call.options.fixup_programs,
-                             sizes=call.sizes(plan.captured), strided=sizes.strided(plan.captured.inputs),
+                             sizes=call.sizes(plan.captured), strided=strided,
                              split_programs=call.options.split_programs,
                              splits=call.options.splits, f32_dot=call.options.float32_dot(),
                              recomputed=again)
@@ -458,7 +463,7 @@ def _device(example: Sequence[torch.Tensor]) -> torch.device:
 def _plan(plan: Plan, call: Call, args: list[Any], use_cache: bool, price: Callable[[dict], dict]) -> None:
     """The plan's entry: from the plan cache when it has it, else by searching (priced against eager on a GPU),
     then cached."""
-    bucket = sizes.bucket(call.sizes(plan.captured), sizes.strided(plan.captured.inputs))
+    bucket = call.bucket(plan.captured)
     key = plan_cache.key(plan.decomposed, args, call.options.key(), bucket) if use_cache else None
     entry = plan_cache.load(key) if key else None
     if entry is not None and not _admits(entry, call):
@@ -498,7 +503,7 @@ def _search(plan: Plan, call: Call) -> tuple[dict, bool]:
     return {"eager": False, "kernels": [encode_kernel(k) for k in kernels],
             "sizes": dict(g.size_sources), "guards": sizes.guards(g.shape_env) if g.shape_env else "True",
             "static": _static_sizes(call.example, g.size_sources),
-            "bucket": list(sizes.bucket(call.sizes(g), sizes.strided(g.inputs))),
+            "bucket": list(call.bucket(g)),
             "consts": [c.cpu() for c in plan.stages["constants"]], "prologue": prologue_names(fused),
             "results": [(n.name, ("out", i)) for i, n in enumerate(fused.outputs)], "notes": [],
             "summary": summary}, True

@@ -9,10 +9,10 @@ from ..ir.loops import LNode, Var
 class Body:
     """Code and value cache of one loop body (or one post-pass block). `region`: half-planes that hold on
     all of its tiles (their facts' constants replace values); `bounds`: its tiles may pass the loop's extent;
-    `stepped`: a body of the kernel's loop, whose tile starts at `l0` (o_L = l0 + tl.arange)."""
+    `at_l0`: a body of the kernel's loop, whose tile starts at `l0` (o_L = l0 + tl.arange)."""
 
-    def __init__(self, pass_: int, region: frozenset, bounds: bool, parent_cache: dict, stepped: bool = False) -> None:
-        self.pass_, self.region, self.bounds, self.stepped = pass_, region, bounds, stepped
+    def __init__(self, pass_: int, region: frozenset, bounds: bool, parent_cache: dict, at_l0: bool = False) -> None:
+        self.pass_, self.region, self.bounds, self.at_l0 = pass_, region, bounds, at_l0
         self.running: dict[LNode, str] = {}     # this pass's running maxima, as this body sees them
         self.lines: list[str] = []
         self.cache: dict[int, tuple[str, list[Var]]] = {}

@@ -227,7 +227,7 @@ class Emitter(Tiles):
         values of k, a second variable it sums over (Schedule.steps), each value's sum a dot or a tile sum. Each
         piece's values are computed inside the loop (those off k before it), so no whole tile over k stays live."""
         inner = Body(ctx.pass_ if ctx else 0, ctx.region if ctx else frozenset(), ctx.bounds if ctx else False, {},
-                     ctx.stepped if ctx else False)
+                     ctx.at_l0 if ctx else False)
         full, raw = self.blk[k], dict(self.raw)
         self.blk[k], self.chunk = (full if stepped else CHUNK), (k, inner, ctx, stepped)
         try:

@@ -53,7 +53,7 @@ def emit_kernel(spec: KernelSpec, cfg: TileConfig) -> KernelSource:
             segments = sorted(segments, key=lambda seg: bool(seg[2] & set(s.special)))
             body.append(f"more = {loop.unsettled(em, accs)}")
         for k, (lo, hi, region, bounds) in enumerate(segments):
-            ctx = Body(p, region, bounds, {**em.cache_pre, **final_cache}, stepped=True)
+            ctx = Body(p, region, bounds, {**em.cache_pre, **final_cache}, at_l0=True)
             first = len(em.loaded)
             loop.loop_body(em, ctx, accs, running)
             for n, _ in em.checks.values():     # a checked load these tiles do not otherwise need

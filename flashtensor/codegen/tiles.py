@@ -100,10 +100,11 @@ class Tiles(abc.ABC):
         contraction's loop over its values."""
         return v in self.s.batch or (self.s.stepped and v is self.s.loop) or self.stepping(v)
 
-    def idx(self, v: Var, tv: list[Var]) -> str:
+    def idx(self, v: Var, tv: list[Var], name: Optional[str] = None) -> str:
+        """v's index over the tile tv, broadcast to its position there (`name`: another vector of v's tile)."""
         if self.scalar(v):
             return f"i_{v}"
-        name = f"o_{v}c" if self.chunked(v) else f"o_{v}"
+        name = name or (f"o_{v}c" if self.chunked(v) else f"o_{v}")
         if len(tv) <= 1:
             return name
         return f"{name}[:, None]" if tv.index(v) == 0 else f"{name}[None, :]"
@@ -128,7 +129,7 @@ class Tiles(abc.ABC):
         addressed right at no cost per element, and come first: `buf + scalars` is one pointer that the tile's
         int32 vectors, summed apart, then offset once. Those vectors widen too where their reach within that
         slice passes int32; in a shape-generic kernel the reach is a size expression, kept in `limits` for the
-        plan to check per call. In a body of the loop (`ctx.stepped`), the loop variable's term with a stride
+        plan to check per call. In a body of the loop (`ctx.at_l0`), the loop variable's term with a stride
         that is a size, (l0 + r) * stride, is written l0 * stride among the scalars plus r * stride in the tile:
         the tile's part does not change from one step to the next, so Triton computes it once, before the loop,
         where (l0 + r) * stride took a multiply per element and step."""
@@ -145,14 +146,13 @@ class Tiles(abc.ABC):
             self.limits.append(str(python(reach)))
         wide = not symbolic(reach) and hint(reach) >= INT32_REACH
         L = self.s.loop
-        base = L if ctx is not None and ctx.stepped and L is not None and L in vector and symbolic(coef[L]) and \
+        base = L if ctx is not None and ctx.at_l0 and L is not None and L in vector and symbolic(coef[L]) and \
             not self.chunked(L) else None
         scalars = [times(f"tl.cast({self.idx(v, tv)}, tl.int64)", coef[v]) for v in coef if self.scalar(v)]
         scalars += [times("tl.cast(l0, tl.int64)", coef[base])] if base is not None else []
 
         def index(v: Var) -> str:
-            at = self.idx(v, tv)
-            at = at.replace(f"o_{v}", f"tl.arange(0, {self.blk[v]})") if v is base else at
+            at = self.idx(v, tv, f"tl.arange(0, {self.blk[v]})" if v is base else None)
             return f"{at}.to(tl.int64)" if wide else at
         tile = [times(index(v), coef[v]) for v in vector]
         if symbolic(const) or const:
