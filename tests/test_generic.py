@@ -806,3 +806,29 @@ def test_a_bucket_holds_the_alignment_of_the_sizes_that_stride_rows():
     assert align_bits(["s0", "s2"], ["s0", "s1", "s2"], {"s0": 32, "s1": 5, "s2": 7}) == 1
     assert align_bits(["s0", "s2"], ["s0", "s1", "s2"], {"s0": 31, "s1": 5, "s2": 64}) == 2
     assert align_bits(["s0"], ["s1"], {"s0": 32, "s1": 5}) is None      # the kernel takes none: no ALIGN
+
+
+@pytest.mark.unit
+def test_a_value_tile_past_the_length_feeds_its_dot_as_loaded():
+    """In a generic attention kernel's loops with bounds tests, the value tile is loaded with 0 past the key
+    length (its bounds mask), so it feeds P @ V as loaded, half precision, rather than zeroed again through a
+    float32 copy (meta tensors: emitted, nothing runs)."""
+    import re
+
+    from flashtensor import driver
+    from flashtensor.codegen.kernel import emit_kernel
+    from flashtensor.options import TileConfig
+
+    def attention(q, k, v):
+        s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        i = torch.arange(q.shape[-2], device=q.device)
+        s = s.masked_fill(i[None, :] > i[:, None], torch.finfo(s.dtype).min)
+        return torch.softmax(s.float(), dim=-1).to(q.dtype) @ v
+
+    args = [torch.empty(1, 4, 1000, 64, device="meta", dtype=torch.float16) for _ in range(3)]
+    (_, plan), *_ = driver.candidate_plans(attention, args, dynamic=frozenset((i, 2) for i in range(3)))
+    (spec,) = plan.stages["emit"][0]
+    src = emit_kernel(spec, TileConfig(64, 64, 4, 2)).source
+    dots = re.findall(r"tl\.dot\(op_\d+, (op_\d+), acc_", src)         # P @ V, accumulated over the key loop
+    operands = {name: expr for name, expr in re.findall(r"(op_\d+) = tl\.broadcast_to\((.*), \(\d+, \d+\)\)", src)}
+    assert len(dots) >= 3 and all(re.fullmatch(r"x_\d+_raw", operands[d]) for d in dots), [operands[d] for d in dots]

@@ -273,8 +273,11 @@ class Emitter(Tiles):
         want = [m_or_n, k] if is_a else [k, m_or_n]
         canon = [v for v in self.s.order if v in want]
         prec = self.half(a + b)
+        # a load in a body with bounds tests reads 0 past the loop's extent (Tiles.range_mask): a raw tile along
+        # the loop needs no zeroing, and feeding it as loaded keeps the operand out of float32 registers
         if len(factors) == 1 and isinstance(factors[0][0], LNode) and factors[0][1] == 1 and prec \
-                and factors[0][0].op == "load" and not mask_loop:
+                and factors[0][0].op == "load" \
+                and (not mask_loop or (k is self.s.loop and k in self.tvars(factors[0][0]))):
             self.value(factors[0][0], ctx)
             raw = self.raw.get(id(factors[0][0]))
             have = self.tvars(factors[0][0])
