@@ -100,9 +100,10 @@ def _compile(src: Any, where: Path) -> list[str]:
     c = src.combine
     builds += [(c.name, _signature(c.buffers, c.sizes), {"MODE": mode}, c.num_warps, src.num_stages)
                for mode in (modes if c else ())]
-    # a kernel told which lengths 16 divides (codegen/artifact.header) builds with none and with all of them
-    builds = [(name, types, {**consts, **align}, warps, stages) for name, types, consts, warps, stages in builds
-              for align in aligns(getattr(module, name), src.aligned)]
+    # a kernel told which lengths 16 divides (codegen/artifact.header) builds with none and with all of them, one
+    # whose split count follows from the sizes with its loop split and whole
+    builds = [(name, types, {**consts, **more}, warps, stages) for name, types, consts, warps, stages in builds
+              for more in variants(getattr(module, name), src.aligned)]
     errors = []
     for name, types, modes, warps, stages in builds:
         try:
@@ -116,11 +117,13 @@ def _compile(src: Any, where: Path) -> list[str]:
     return errors
 
 
-def aligns(fn: Any, aligned: list[str]) -> list[dict[str, int]]:
-    """The ALIGN values to build a kernel with: none where it takes no ALIGN, else no length aligned and all."""
-    if "ALIGN" not in [p.name for p in fn.params]:
-        return [{}]
-    return [{"ALIGN": 0}, {"ALIGN": (1 << len(aligned)) - 1}]
+def variants(fn: Any, aligned: list[str]) -> list[dict[str, int]]:
+    """The constexprs beyond MODE to build a kernel with: ALIGN with no length aligned and with all, where it takes
+    ALIGN; SPLIT 0 and 1, where its loop's split count follows from the sizes (codegen/artifact.header)."""
+    params = [p.name for p in fn.params]
+    align = [{"ALIGN": 0}, {"ALIGN": (1 << len(aligned)) - 1}] if "ALIGN" in params else [{}]
+    split = [{"SPLIT": 0}, {"SPLIT": 1}] if "SPLIT" in params else [{}]
+    return [{**a, **b} for a in align for b in split]
 
 
 def _signature(buffers: list, sizes: list[str]) -> dict[str, str]:
@@ -137,8 +140,9 @@ def _sm90(fn: Any, types: dict[str, str], modes: dict[str, int], warps: int, sta
     from triton.compiler import ASTSource
 
     aligned = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(types.values()) if t.startswith("*")}
-    signature = {**types, **{m: "constexpr" for m in modes if m != "ALIGN"}, "PDL": "constexpr",
-                 **({"ALIGN": "constexpr"} if "ALIGN" in modes else {})}      # in the order of the parameters
+    after = ("ALIGN", "SPLIT")      # the constexprs after PDL (codegen/artifact.header)
+    signature = {**types, **{m: "constexpr" for m in modes if m not in after}, "PDL": "constexpr",
+                 **{m: "constexpr" for m in after if m in modes}}      # in the order of the parameters
     return triton.compile(ASTSource(fn=fn, signature=signature, constexprs={**modes, "PDL": True}, attrs=aligned),
                           target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": warps, "num_stages": stages})
@@ -156,7 +160,8 @@ def built(src: Any, where: Path) -> Any:
     """The KernelSource's kernel (MODE 0) compiled for sm_90 from a file it writes in `where`."""
     path = where / f"{src.name}_{abs(hash(src.source))}.py"
     path.write_text(src.source)
-    return _sm90(getattr(_compiled_module(path), src.name), _signature(src.buffers, src.sizes), {"MODE": 0},
+    fn = getattr(_compiled_module(path), src.name)
+    return _sm90(fn, _signature(src.buffers, src.sizes), {"MODE": 0, **variants(fn, src.aligned)[0]},
                  src.num_warps, src.num_stages)
 
 

@@ -64,6 +64,11 @@ class KernelSource:
     aligned: list[str] = field(default_factory=list)    # sizes its ALIGN bits stand for, in order (header)
 
     @property
+    def runtime_split(self) -> bool:
+        """Whether it takes SPLIT (header): a split loop whose count is a size expression."""
+        return self.combine is not None and isinstance(self.splits, str)
+
+    @property
     def reaches(self) -> list[str]:
         """The limits of the kernel and of its companions."""
         companions = self.prologues + ([self.combine] if self.combine else [])
@@ -82,9 +87,10 @@ INT32_REACH = 2 ** 31
 
 
 def header(name: str, buffers: Sequence[Buffer], sizes: Sequence[str], aligned: Sequence[str],
-           mode: bool) -> list[str]:
+           mode: bool, split: bool = False) -> list[str]:
     """The first lines of a generated kernel: its decorator, its signature (buffers, size arguments, then the
-    constexprs: MODE where it has a fixup pass, PDL, and ALIGN where it takes a size of `aligned`), the wait for
+    constexprs: MODE where it has a fixup pass, PDL, ALIGN where it takes a size of `aligned`, and SPLIT where
+    its loop's split count follows from the sizes (codegen/split.py)), the wait for
     the kernel before it (PDL), and each size of `aligned` it takes, told a multiple of ALIGN where ALIGN's bit
     for it (its position in `aligned`) says so.
 
@@ -96,7 +102,7 @@ def header(name: str, buffers: Sequence[Buffer], sizes: Sequence[str], aligned: 
     (runtime/launch.py), and ir.sizes.bucket keeps a bucket's calls on one value of it."""
     hinted = [(i, s) for i, s in enumerate(aligned) if s in sizes]
     consts = (["MODE: tl.constexpr"] if mode else []) + ["PDL: tl.constexpr"] + \
-        (["ALIGN: tl.constexpr"] if hinted else [])
+        (["ALIGN: tl.constexpr"] if hinted else []) + (["SPLIT: tl.constexpr"] if split else [])
     jit = f"@triton.jit(do_not_specialize={list(sizes)!r})" if sizes else "@triton.jit"
     told = [f"    {s} = _aligned({s}, (ALIGN >> {i}) & 1)" for i, s in hinted]
     return [jit, f"def {name}({', '.join([b.name for b in buffers] + list(sizes) + consts)}):",

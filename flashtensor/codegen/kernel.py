@@ -95,7 +95,8 @@ def emit_kernel(spec: KernelSpec, cfg: TileConfig) -> KernelSource:
     prog = check.modes(em, bool(c.shares), programs, tile, checked)
     buffers = list(em.bufs.values())
     size_args = sorted(spec.sizes)
-    lines = header(spec.name, buffers, size_args, spec.aligned, mode=True) + ["    " + ln for ln in prog]
+    lines = header(spec.name, buffers, size_args, spec.aligned, mode=True, split=em.runtime_split) + \
+        ["    " + ln for ln in prog]
     pre_src, pre = ranges.prologues(spec, cfg)
     comb_src, comb = split.combine(spec, cfg, ntiles, grid1, em.splits) if em.split else ("", None)
     src = "import triton\nimport triton.language as tl\n\n" + \

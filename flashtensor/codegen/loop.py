@@ -79,9 +79,13 @@ def segments(em: Tiles) -> list[tuple[str, str, frozenset, bool]]:
         # this program's piece [slo, shi) of the loop, whole tiles; an empty one past the last tile. Its bounds are
         # multiples of the block, so an empty piece is an empty range of tiles too (loop_header counts tiles)
         nt = source(ceildiv(L.extent, bl))
-        em.pre += [f"slo = tl.minimum(sid * (({nt} + ns - 1) // ns), {nt}) * {bl}",
-                   f"shi = tl.minimum(slo + (({nt} + ns - 1) // ns) * {bl}, {nt} * {bl})",
-                   "lo = tl.minimum(tl.maximum(lo, slo), shi)", "hi = tl.maximum(lo, tl.minimum(hi, shi))"]
+        piece = [f"slo = tl.minimum(sid * (({nt} + ns - 1) // ns), {nt}) * {bl}",
+                 f"shi = tl.minimum(slo + (({nt} + ns - 1) // ns) * {bl}, {nt} * {bl})",
+                 "lo = tl.minimum(tl.maximum(lo, slo), shi)", "hi = tl.maximum(lo, tl.minimum(hi, shi))"]
+        # a count of 1 at these sizes (SPLIT 0): the whole loop, its bounds as the unsplit kernel's, so that the
+        # compiler sees what it can fold (a causal kernel's empty first segment)
+        em.pre += ["if SPLIT:"] + ["    " + ln for ln in piece] + ["else:", "    slo = 0", f"    shi = {nt} * {bl}"] \
+            if em.runtime_split else piece
     pieces = [("lo", "hi", ulo, uhi, live)]
     if s.runtime_gap:   # the largest gap the pre-pass found: every loop steps over it (loop_header)
         em.pre.append(f"ga = tl.minimum(tl.maximum({bounds[2]}, lo), hi)")
@@ -392,7 +396,9 @@ def placement(em: Tiles, ntiles: Size, grid1: Size) -> list[str]:
     n, span = source(grid1), source(group * ntiles)
     pid = "pid"
     if em.split:        # the pieces of one row tile's loop are neighbours in the grid
-        out += [f"ns = {source(em.splits)}", "sid = pid % ns", "tp = pid // ns"]
+        count = f"ns = {source(em.splits)}"
+        out += ["if SPLIT:", "    " + count, "else:", "    ns = 1"] if em.runtime_split else [count]
+        out += ["sid = pid % ns", "tp = pid // ns"]
         pid = "tp"
     if not symbolic(grid1) and not symbolic(ntiles) and group >= grid1:      # past the grid is the whole grid
         out += [f"t = {pid} // {n}", f"b = {pid} % {n}"]

@@ -72,6 +72,12 @@ class Tiles(abc.ABC):
         """Whether the loop is split across programs (without a guard on a symbolic count)."""
         return symbolic(self.splits) or self.splits != 1
 
+    @property
+    def runtime_split(self) -> bool:
+        """Whether the split count follows from the call's sizes: the kernel takes SPLIT, whether it comes to more
+        than 1 (artifact.header), so that where it does not the pieces' code is not compiled at all."""
+        return symbolic(self.splits)
+
     def bucket(self, extent: Any) -> int:
         """A static extent, or the top of the length bucket the kernel is emitted for (spec.sizes)."""
         return pow2_bucket(value(extent, self.spec.sizes)) if symbolic(extent) else extent

@@ -154,9 +154,10 @@ class Launch:
             out.append(step(fn, n, p.buffers, p.sizes, PDL=pdl, launch_pdl=pdl and after_prior,
                             num_warps=p.num_warps))
             after_prior = True
+        split = {"SPLIT": int(splits != 1)} if src.runtime_split else {}
         out.append(step(self.fn, min(tiles, src.fixup_programs) if fixup else tiles, src.buffers, src.sizes,
                         MODE=int(fixup), PDL=pdl, launch_pdl=pdl and after_prior, num_warps=src.num_warps,
-                        num_stages=src.num_stages))
+                        num_stages=src.num_stages, **split))
         c = src.combine
         if c is not None and splits != 1:
             out.append(step(self.combine, merged, c.buffers, c.sizes, MODE=int(fixup), PDL=pdl, launch_pdl=pdl,
