@@ -12,7 +12,10 @@ no live element (fully masked, or past the loop's end) holds m_s = -inf and sums
 result equals the unsplit kernel's, a fully masked row's NaN or uniform row included. Column statistics (a kernel
 over keys looping over queries) have programs enough for long keys: the count is 1 there, and a static count of
 1 emits the kernel unchanged. A shape-generic kernel computes its count from its size arguments at launch; where
-it comes to 1 (prefill), the kernel runs its epilogue itself and the launch skips the combine (`epilogue`).
+it comes to 1 (prefill), the kernel runs its epilogue itself and the launch skips the combine (`epilogue`), and
+the launch passes SPLIT 0, a constexpr that leaves the pieces' code out of what Triton compiles: compiled in, its
+bounds and store cost registers that the key loop's tensor core pipeline needs (ptxas then waits on each wgmma).
+A bucket's lengths that cross from one piece to several compile the other variant on that first call.
 """
 from __future__ import annotations
 
