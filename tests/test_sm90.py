@@ -31,12 +31,18 @@ def _script() -> Any:
     return compile_sm90
 
 
-def test_held_program_kernels_compile_for_sm90():
+def _without_interpreter(args: list[str], timeout: int, cwd: Any = None) -> str:
+    """The output of `python *args` in a process of its own, without the interpreter the tests run under (kernels
+    this process ran under it leave Triton's language patched for it); the test fails where that process does."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, str(SCRIPT), "--dtype", "fp16"], env=env, capture_output=True, text=True,
-                         timeout=1500)
+    run = subprocess.run([sys.executable, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert run.stdout.count(": ok") >= 24, run.stdout
+    return run.stdout
+
+
+def test_held_program_kernels_compile_for_sm90():
+    out = _without_interpreter([str(SCRIPT), "--dtype", "fp16"], 1500)
+    assert out.count(": ok") >= 24, out
 
 
 def test_fuzz_find_kernels_compile_for_sm90():
@@ -47,24 +53,19 @@ def test_fuzz_find_kernels_compile_for_sm90():
     that folds to arithmetic on numbers alone (NaN from -inf * 0) is made a tile before its cast. Two built and
     could not launch: their kernels (or fixup passes) needed more shared memory than an H100 has. A scalar input's
     finite check is added as it is, not summed through tl.ravel."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     finds = ["folded_early_exit_loops", "ptxas_two_stage_narrow_dot", "folded_constant_dot_operand",
              "rope_noise_tiles_past_shared_memory", "fixup_pass_pipelined_past_shared_memory", "scalar_input_checked"]
-    run = subprocess.run([sys.executable, str(SCRIPT), "--found", *finds, "--configs", "8"], env=env,
-                         capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    out = _without_interpreter([str(SCRIPT), "--found", *finds, "--configs", "8"], 900)
     for name in finds:
-        assert f"{name} (its own dtype): ok" in run.stdout, run.stdout
+        assert f"{name} (its own dtype): ok" in out, out
 
 
 def test_float32_contractions_on_tensor_cores_compile_for_sm90():
     """Options.f32_dot="tf32x3" (three TF32 passes for float32 dots, which "ieee" runs on the FMA units): held
     programs in float32 compile for sm_90 with it."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, str(SCRIPT), "llama_eager", "linear_elu", "--dtype", "fp32",
-                          "--f32-dot", "tf32x3"], env=env, capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert run.stdout.count(": ok") == 2, run.stdout
+    out = _without_interpreter([str(SCRIPT), "llama_eager", "linear_elu", "--dtype", "fp32", "--f32-dot", "tf32x3"],
+                               900)
+    assert out.count(": ok") == 2, out
 
 
 @pytest.mark.unit
@@ -116,11 +117,8 @@ for form in ("inside", "passed"):
     args = peers.inputs(row, form, torch.float16, "cpu", B=1, H=2, S=256, D=128)
     print(form, C.shared_bytes(peers.program(row, form, 256, "cpu"), args, TileConfig(64, 64, 4, 3)))
 """
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", code, str(SCRIPT.parent), str(SCRIPT.parents[1])], env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    got = dict(line.split(" ", 1) for line in run.stdout.strip().splitlines())
+    out = _without_interpreter(["-c", code, str(SCRIPT.parent), str(SCRIPT.parents[1])], 600)
+    got = dict(line.split(" ", 1) for line in out.strip().splitlines())
     assert got["inside"] == got["passed"], got
 
 
@@ -159,12 +157,9 @@ for spec in plan.stages["emit"][0]:
         ptx = C._sm90(fn, C._signature(k.buffers, k.sizes), {"MODE": 0, **align}, k.num_warps, k.num_stages).asm["ptx"]
         print(k.name, align.get("ALIGN"), len(re.findall(r"cp[.]async[.]ca[.]", ptx)), len(re.findall(r"cp[.]async[.]cg[.]", ptx)))
 """
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", code, str(SCRIPT.parent), str(SCRIPT.parents[1])], env=env,
-                         capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
+    out = _without_interpreter(["-c", code, str(SCRIPT.parent), str(SCRIPT.parents[1])], 900)
     got = {(name, int(align)): (int(ca), int(cg)) for name, align, ca, cg in
-           (line.split() for line in run.stdout.strip().splitlines())}
+           (line.split() for line in out.strip().splitlines())}
     assert {name for name, _ in got} == {"ft_kernel0", "ft_kernel1"}, got      # both read the noise, both take ALIGN
     for name in ("ft_kernel0", "ft_kernel1"):
         (ca0, cg0), (ca1, cg1) = got[name, 0], got[name, 1]
@@ -229,11 +224,8 @@ def test_kernels_that_round_as_eager_fuse_no_multiply_with_an_add():
     `_mul_rn` a plain multiply they have; gemma2's, whose soft cap stays in float32, have no `_mul_rn`. Compiled in
     a process of its own: kernels this process ran under the interpreter leave Triton's language patched for it."""
     code = "import test_sm90; print(test_sm90._half_fmas())"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent, env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    rounding, as_built, plain, gemma_plain = eval(run.stdout.strip().splitlines()[-1])
+    out = _without_interpreter(["-c", code], 600, cwd=Path(__file__).parent)
+    rounding, as_built, plain, gemma_plain = eval(out.strip().splitlines()[-1])
     assert rounding and as_built == 0 and plain > 0 and gemma_plain
 
 
@@ -268,11 +260,8 @@ def test_every_kernel_of_a_plan_computes_an_exponent_alike():
     its column kernel alike. Read off the sm_90 SASS (the instruction that writes each MUFU.EX2's operand), in a
     process of its own, as above."""
     code = "import test_sm90; print(test_sm90._exponent_producers())"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent, env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    padded, h2o = eval(run.stdout.strip().splitlines()[-1])
+    out = _without_interpreter(["-c", code], 600, cwd=Path(__file__).parent)
+    padded, h2o = eval(out.strip().splitlines()[-1])
     assert len(padded) == 3 and all(set(k) == {"FMUL log2e"} for k in padded), padded
     assert len(h2o) == 2 and all(max(k, key=k.get) == "FFMA log2e" for k in h2o), h2o
 
@@ -341,51 +330,47 @@ def test_unsplit_generic_attention_keeps_its_wgmma_pipelined():
     core instructions issue back to back, one wait per step. With the split's code compiled in, ptxas ran out of
     registers for the wgmma pipeline and waited after each of the 12 (one wait each): the generic kernel took
     0.50 ms against the exact kernel's 0.43 on an H100."""
-    code = """
-import math, re, subprocess, sys, tempfile, torch
-from pathlib import Path
-sys.path[:0] = [sys.argv[1], sys.argv[2]]
-import triton
-import compile_sm90 as C
-from flashtensor import driver
-from flashtensor.codegen.kernel import emit_kernel
-from flashtensor.options import TileConfig
+    got = eval(_without_interpreter(["-c", "import test_sm90; print(test_sm90._bulk_loop_waits())"], 900,
+                                    cwd=Path(__file__).parent).strip().splitlines()[-1])
+    mma, waits = got.get(0, got.get(-1, (0, 0)))     # SPLIT 0, or no SPLIT taken
+    assert mma >= 8 and waits <= 2, got
 
-from flashtensor import workloads
-fn, small = workloads.make("gemma2", device="cpu", S=64, H=2, D=128)    # soft-capped causal attention, (B, S, H, D)
-args = [torch.empty([{64: 4096, 2: 32}.get(n, n) for n in a.shape], dtype=a.dtype, device="meta") for a in small]
-generic = frozenset((i, d) for i, a in enumerate(args) for d in range(a.dim() - 1))
-(_, plan), *_ = driver.candidate_plans(fn, args, dynamic=generic)
-where = Path(tempfile.mkdtemp())
-objdump = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
-for spec in plan.stages["emit"][0]:
-    k = emit_kernel(spec, TileConfig(64, 64, 4, 3))
+
+def _bulk_loop_waits() -> dict[int, tuple[int, int]]:
+    """By the SPLIT gemma2's generic kernel is built with (-1 where it takes none): the tensor core instructions of
+    its bulk key loop, the shortest basic block of its sm_90 SASS that has any, and the waits on them there."""
+    import triton
+
+    from flashtensor import workloads
+    fn, small = workloads.make("gemma2", device="cpu", S=64, H=2, D=128)    # soft-capped causal, (B, S, H, D)
+    args = [torch.empty([{64: 4096, 2: 32}.get(n, n) for n in a.shape], dtype=a.dtype, device="meta") for a in small]
+    generic = frozenset((i, d) for i, a in enumerate(args) for d in range(a.dim() - 1))
+    with knobs.override(interpret=False):
+        (_, plan), *_ = driver.candidate_plans(fn, args, dynamic=generic)
+        (spec,) = plan.stages["emit"][0]
+        k = emit_kernel(spec, TileConfig(64, 64, 4, 3))
+    where = Path(tempfile.mkdtemp(prefix="sm90-"))
     path = where / f"{k.name}.py"
     path.write_text(k.source)
-    fn = getattr(C._compiled_module(path), k.name)
-    for more in C.variants(fn, k.aligned):
-        built = C._sm90(fn, C._signature(k.buffers, k.sizes), {"MODE": 0, **more}, k.num_warps, k.num_stages)
-        cubin = where / "k.cubin"
+    C = _script()
+    kernel = getattr(C._compiled_module(path), k.name)
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    out = {}
+    for more in C.variants(kernel, k.aligned):
+        cubin = where / f"{k.name}.cubin"
+        built = C._sm90(kernel, C._signature(k.buffers, k.sizes), {"MODE": 0, **more}, k.num_warps, k.num_stages)
         cubin.write_bytes(built.asm["cubin"])
-        sass = subprocess.run([str(objdump), "-sass", str(cubin)], capture_output=True, text=True).stdout
-        ins = re.findall(r"/\\*([0-9a-f]{4,})\\*/\\s+([^;]+);", sass)
-        targets = {int(t, 16) for _, s in ins for t in re.findall(r"BRA(?:\\.\\w+)* 0x([0-9a-f]+)", s)}
-        blocks, cur = [], []
-        for a, s in ins:        # basic blocks: split at branches and their targets
-            if int(a, 16) in targets and cur:
-                blocks.append(cur); cur = []
-            cur.append(s)
-            if "BRA" in s:
-                blocks.append(cur); cur = []
-        loops = [b for b in blocks + [cur] if any("HGMMA" in s for s in b)]
-        bulk = min(loops, key=len)      # the loop over unmasked tiles: the shortest body with tensor core work
-        print(k.name, more.get("SPLIT", -1), sum("HGMMA" in s for s in bulk), sum(s.startswith("WARPGROUP.DEPBAR") for s in bulk))
-"""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", code, str(SCRIPT.parent), str(SCRIPT.parents[1])], env=env,
-                         capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
-    got = {(name, int(split)): (int(mma), int(waits)) for name, split, mma, waits in
-           (line.split() for line in run.stdout.strip().splitlines())}
-    mma, waits = got.get(("ft_kernel0", 0), got.get(("ft_kernel0", -1), (0, 0)))   # SPLIT 0, or no SPLIT taken
-    assert mma >= 8 and waits <= 2, got
+        sass = subprocess.run([str(tool), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+        blocks: list[list[str]] = [[]]
+        for line in sass.splitlines():      # basic blocks: a label starts one, a branch ends one
+            m = _SASS.match(line)
+            if line.startswith(".L_x_"):
+                blocks.append([])
+            elif m is not None:
+                blocks[-1].append(m.group(1))
+                if m.group(1).startswith("BRA"):
+                    blocks.append([])
+        bulk = min((b for b in blocks if any(op.startswith("HGMMA") for op in b)), key=len)
+        out[more.get("SPLIT", -1)] = (sum(op.startswith("HGMMA") for op in bulk),
+                                      sum(op.startswith("WARPGROUP.DEPBAR") for op in bulk))
+    return out
