@@ -725,19 +725,21 @@ def _segment_loads(src: str, start: str) -> list[str]:
 
 def test_the_bulk_of_a_generic_loop_loads_without_bounds_tests():
     """A generic kernel's loop tiles in its bulk segment [ua, ub) all lie inside the length (it ends at the last
-    whole tile), so their loads test no bound there, while the head and tail segments, which can hold the partial
-    last tile, keep the test. Every load in the loop takes its key rows at l0 * stride plus a tile of offsets
+    whole tile), so their loads test no bound there, in every kernel (the column kernel's load of the statistics
+    the first kernel stored too), while the head and tail segments, which can hold the partial last tile, keep
+    the test. Every load in the loop takes its key rows at l0 * stride plus a tile of offsets
     that no step changes (the stride is a size: a head count times the head dimension), not (l0 + r) * stride
     per element. Every length still matches eager."""
     c = ft.compile(h2o_finfo, dynamic=True, cache=False)
     for k, s in enumerate((50, 64, 100)):
         _check(h2o_finfo, c, _inputs(1, 2, s, s, seed=k))
     (prog,) = c.generic_programs()
-    src = prog.kernels[0].source
-    bulk, tail = _segment_loads(src, "ua"), _segment_loads(src, "ub")
-    assert bulk and tail
-    assert not any("mask=" in ln for ln in bulk), bulk
-    assert all("mask=" in ln for ln in tail), tail
+    assert len(prog.kernels) > 1        # the column sums' kernel loads the row statistics the first one stored
+    for k in prog.kernels:
+        bulk, tail = _segment_loads(k.source, "ua"), _segment_loads(k.source, "ub")
+        assert bulk and tail
+        assert not any("mask=" in ln for ln in bulk), bulk
+        assert all("mask=" in ln for ln in tail), tail
 
 
 def test_loop_rows_strided_by_a_size_step_from_one_offset_tile():
@@ -832,3 +834,32 @@ def test_a_value_tile_past_the_length_feeds_its_dot_as_loaded():
     dots = re.findall(r"tl\.dot\(op_\d+, (op_\d+), acc_", src)         # P @ V, accumulated over the key loop
     operands = {name: expr for name, expr in re.findall(r"(op_\d+) = tl\.broadcast_to\((.*), \(\d+, \d+\)\)", src)}
     assert len(dots) >= 3 and all(re.fullmatch(r"x_\d+_raw", operands[d]) for d in dots), [operands[d] for d in dots]
+
+
+@pytest.mark.unit
+def test_generic_kernels_read_the_statistics_they_pass_aligned_and_unmasked_in_the_bulk():
+    """h2o as the GPU plans it (fp16, shape-generic lengths; meta tensors, emitted, nothing runs): the column kernel
+    reads the row statistics the first kernel stored. In the bulk of its loop, where every tile lies inside the
+    length, that load tests no bound either, and the buffers between kernels have rows padded to a multiple of
+    ALIGN (a length's own stride would leave Triton loading them an element at a time)."""
+    import re
+
+    from flashtensor import driver, knobs, workloads
+    from flashtensor.codegen.kernel import emit_kernel
+    from flashtensor.ir.sizes import ALIGN, evaluate
+    from flashtensor.options import TileConfig
+
+    fn, small = workloads.make("h2o", device="cpu", S=64, H=2, D=128)
+    args = [torch.empty(a.shape, dtype=torch.float16, device="meta") for a in small]
+    with knobs.override(interpret=False):
+        (_, plan), *_ = driver.candidate_plans(fn, args, dynamic=frozenset((i, 1) for i in range(len(args))))
+        kernels = [emit_kernel(spec, TileConfig(128, 64, 8, 3)) for spec in plan.stages["emit"][0]]
+    assert len(kernels) == 2
+    column = kernels[1]
+    stats = [ln for ln in _segment_loads(column.source, "ua") if re.search(r"tl\.load\(int\d", ln)]
+    read = {b.name: b for b in column.buffers if any(f"tl.load({b.name} " in ln for ln in stats)}
+    assert read and all(b.kind == "intermediate" for b in read.values())
+    for length in (1, 17, 100, 4095):
+        rows = [evaluate(b.shape[-1], {s: length for s in column.sizes}) for b in read.values()]
+        assert all(r % ALIGN == 0 and length <= r < length + ALIGN for r in rows), (length, rows)
+    assert stats and not any("mask=" in ln for ln in stats), stats

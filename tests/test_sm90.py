@@ -336,41 +336,77 @@ def test_unsplit_generic_attention_keeps_its_wgmma_pipelined():
     assert mma >= 8 and waits <= 2, got
 
 
-def _bulk_loop_waits() -> dict[int, tuple[int, int]]:
-    """By the SPLIT gemma2's generic kernel is built with (-1 where it takes none): the tensor core instructions of
-    its bulk key loop, the shortest basic block of its sm_90 SASS that has any, and the waits on them there."""
+def _generic_sass(workload: str, kernel: int, cfg: TileConfig) -> dict[int, str]:
+    """By SPLIT (-1 where it takes none): the sm_90 SASS of a workload's shape-generic kernel at S=4096, H=32, D=128,
+    its (B, S, H, D) inputs' batch, lengths and heads all sizes, emitted at tile configuration `cfg`."""
     import triton
 
     from flashtensor import workloads
-    fn, small = workloads.make("gemma2", device="cpu", S=64, H=2, D=128)    # soft-capped causal, (B, S, H, D)
+    fn, small = workloads.make(workload, device="cpu", S=64, H=2, D=128)
     args = [torch.empty([{64: 4096, 2: 32}.get(n, n) for n in a.shape], dtype=a.dtype, device="meta") for a in small]
     generic = frozenset((i, d) for i, a in enumerate(args) for d in range(a.dim() - 1))
     with knobs.override(interpret=False):
         (_, plan), *_ = driver.candidate_plans(fn, args, dynamic=generic)
-        (spec,) = plan.stages["emit"][0]
-        k = emit_kernel(spec, TileConfig(64, 64, 4, 3))
+        k = emit_kernel(plan.stages["emit"][0][kernel], cfg)
     where = Path(tempfile.mkdtemp(prefix="sm90-"))
     path = where / f"{k.name}.py"
     path.write_text(k.source)
     C = _script()
-    kernel = getattr(C._compiled_module(path), k.name)
+    fn = getattr(C._compiled_module(path), k.name)
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
     out = {}
-    for more in C.variants(kernel, k.aligned):
+    for more in C.variants(fn, k.aligned):
         cubin = where / f"{k.name}.cubin"
-        built = C._sm90(kernel, C._signature(k.buffers, k.sizes), {"MODE": 0, **more}, k.num_warps, k.num_stages)
+        built = C._sm90(fn, C._signature(k.buffers, k.sizes), {"MODE": 0, **more}, k.num_warps, k.num_stages)
         cubin.write_bytes(built.asm["cubin"])
-        sass = subprocess.run([str(tool), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
-        blocks: list[list[str]] = [[]]
-        for line in sass.splitlines():      # basic blocks: a label starts one, a branch ends one
-            m = _SASS.match(line)
-            if line.startswith(".L_x_"):
+        out[more.get("SPLIT", -1)] = subprocess.run([str(tool), "-c", str(cubin)], capture_output=True, text=True,
+                                                    check=True).stdout
+    return out
+
+
+def _bulk_loop_waits() -> dict[int, tuple[int, int]]:
+    """By the SPLIT gemma2's generic kernel is built with (-1 where it takes none): the tensor core instructions of
+    its bulk key loop, the shortest basic block of its sm_90 SASS that has any, and the waits on them there."""
+    out = {}
+    for split, sass in _generic_sass("gemma2", 0, TileConfig(64, 64, 4, 3)).items():   # soft-capped causal
+        bulk = min((b for b in _blocks(sass) if any(op.startswith("HGMMA") for op in b)), key=len)
+        out[split] = (sum(op.startswith("HGMMA") for op in bulk), sum(op.startswith("WARPGROUP.DEPBAR") for op in bulk))
+    return out
+
+
+def _blocks(sass: str) -> list[list[str]]:
+    """The opcodes of each basic block of a SASS listing: a label starts one, a branch ends one."""
+    blocks: list[list[str]] = [[]]
+    for line in sass.splitlines():
+        m = _SASS.match(line)
+        if line.startswith(".L_x_"):
+            blocks.append([])
+        elif m is not None:
+            blocks[-1].append(m.group(1))
+            if m.group(1).startswith("BRA"):
                 blocks.append([])
-            elif m is not None:
-                blocks[-1].append(m.group(1))
-                if m.group(1).startswith("BRA"):
-                    blocks.append([])
-        bulk = min((b for b in blocks if any(op.startswith("HGMMA") for op in b)), key=len)
-        out[more.get("SPLIT", -1)] = (sum(op.startswith("HGMMA") for op in bulk),
-                                      sum(op.startswith("WARPGROUP.DEPBAR") for op in bulk))
+    return blocks
+
+
+def test_generic_column_kernel_loads_a_vector_at_a_time():
+    """h2o's shape-generic column kernel at the tiles the H100 tuned for the exact one (128 x 64, 8 warps, 3
+    stages), compiled for sm_90: each program's piece of the finite check starts at a multiple of 64 elements, so
+    the check reads 16 bytes per load (it read 2, an element at a time: 64 loads per thread where 8 do), and the
+    bulk of the key loop reads the row statistics the first kernel stored 8 bytes at a time (their rows padded to
+    a multiple of 16, not 4 bytes from a length's stride)."""
+    got = eval(_without_interpreter(["-c", "import test_sm90; print(test_sm90._column_loads())"], 900,
+                                    cwd=Path(__file__).parent).strip().splitlines()[-1])
+    for split, (loads, bulk) in got.items():
+        assert loads and all(op == "LDG.E.128" for op in loads), (split, loads)
+        assert bulk and all(op.startswith(("LDGSTS.E.64", "LDGSTS.E.BYPASS.128")) for op in bulk), (split, bulk)
+
+
+def _column_loads() -> dict[int, tuple[list[str], list[str]]]:
+    """By SPLIT: h2o's generic column kernel's global loads to registers (the check's), and its bulk loop's
+    asynchronous copies."""
+    out = {}
+    for split, sass in _generic_sass("h2o", 1, TileConfig(128, 64, 8, 3)).items():
+        ops = [op for b in _blocks(sass) for op in b]
+        bulk = min((b for b in _blocks(sass) if any(op.startswith("HGMMA") for op in b)), key=len)
+        out[split] = ([op for op in ops if op.startswith("LDG.")], [op for op in bulk if op.startswith("LDGSTS")])
     return out

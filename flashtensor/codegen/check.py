@@ -23,6 +23,9 @@ from .lower import TL, pow2, round_to
 from .tiles import Tiles
 
 CHECK_BLOCK = 8192      # most elements per step of the finite check
+SIZED_CHECK_BLOCK = 4096    # the step where a piece's size is a run-time one (a whole step is live in registers)
+CHECK_PIECE = 64        # a program's piece of a checked input starts at a multiple of this many elements: with
+                        # run-time sizes Triton sees the start aligned only so, and loads 16 bytes at a time
 CHECK_MARK = "     # check"   # ends the lines of the finite check inside a tile (the fixup pass drops them)
 
 
@@ -184,8 +187,8 @@ def program_check(em: Tiles, shares: tuple[int, ...], check: dict, part: int, ti
     before, whole = sum(shares[:part]), sum(shares)
     for size, group in sizes.values():
         start, stop = _cut(size, before, whole), _cut(size, before + shares[part], whole)
-        per = ceildiv(stop - start, tiles)
-        blk = CHECK_BLOCK if isinstance(per, torch.SymInt) else min(CHECK_BLOCK, pow2(per))
+        per = ceildiv(ceildiv(stop - start, tiles), CHECK_PIECE) * CHECK_PIECE
+        blk = SIZED_CHECK_BLOCK if isinstance(per, torch.SymInt) else min(CHECK_BLOCK, pow2(per))
         out += [f"    end = tl.minimum({source(start)} + (pid64 + 1) * {source(per)}, {source(stop)})",
                 f"    for off in range({source(start)} + pid64 * {source(per)}, end, {blk}):",
                 f"        o = off + tl.arange(0, {blk})"]
@@ -203,8 +206,11 @@ def program_check(em: Tiles, shares: tuple[int, ...], check: dict, part: int, ti
 
 
 def _cut(size: Size, num: int, den: int) -> Size:
-    """size * num // den without the product, which can pass int32 where size is a kernel's size argument."""
-    return size // den * num + size % den * num // den
+    """size * num // den without the product, which can pass int32 where size is a kernel's size argument,
+    rounded down to a multiple of CHECK_PIECE where it is not an end."""
+    if num in (0, den):
+        return size if num else 0
+    return (size // den * num + size % den * num // den) // CHECK_PIECE * CHECK_PIECE
 
 
 def modes(em: Tiles, fixup: bool, tiles: Size, tile: list[str], checked: list[str]) -> list[str]:

@@ -142,7 +142,7 @@ def exp_over(em: Tiles, e: Any, d: Any, tv: list[Var], ctx: Optional[Body], line
         return ctx.quotients[key]
     lse, p = em.fresh("lse"), em.fresh("p")
     if (m, d) in em.folded:       # stored by the kernel that reduced m and d: one load, no log per step
-        em.load_intermediate(em.folded[m, d], lse, lines)
+        em.load_intermediate(em.folded[m, d], lse, lines, ctx)
     else:
         lines.append(f"{lse} = {em.arg(m, dv, ctx)} + _log2_approx({em.arg(d, dv, ctx)}, False)")
     lines.append(f"{p} = tl.exp2({em.arg(x, tv, ctx)} - {em.bcast(lse, dv, tv)})")

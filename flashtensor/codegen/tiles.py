@@ -14,7 +14,7 @@ import torch
 
 from ..analysis import precision
 from ..ir.loops import Affine, LNode, Var, outside, stored
-from ..ir.sizes import Size, hint, pow2_bucket, python, source, symbolic, times, value
+from ..ir.sizes import ALIGN, Size, ceildiv, hint, pow2_bucket, python, source, symbolic, times, value
 from ..options import TileConfig
 from ..schedule.schedule import Schedule, ScheduleError, contraction, factorize
 from .artifact import INT32_REACH, Buffer
@@ -216,8 +216,12 @@ class Tiles(abc.ABC):
         return out
 
     def intermediate(self, n: LNode, written: bool) -> tuple[str, dict[Var, int]]:
-        """Buffer passing n between kernels: contiguous over n's variables, float math kept in float32."""
+        """Buffer passing n between kernels: contiguous over n's variables, float math kept in float32. A last
+        extent that is a run-time size is padded to a multiple of ALIGN, so that its rows start aligned where the
+        kernels load them (a vector at a time, where an unknown stride loads an element at a time)."""
         shape = [v.extent for v in n.vars]
+        if shape and symbolic(shape[-1]):
+            shape[-1] = ceildiv(shape[-1], ALIGN) * ALIGN
         dtype = torch.float32 if n.dtype.is_floating_point else n.dtype
         return self.buffer(n, shape, dtype, "intermediate", written), dict(zip(n.vars, contig(shape)))
 
