@@ -724,10 +724,10 @@ def _segment_loads(src: str, start: str) -> list[str]:
 
 
 def test_the_bulk_of_a_generic_loop_loads_without_bounds_tests():
-    """A generic kernel's loop tiles in its bulk segment [ua, ub) all lie inside the length (it ends at the last
+    """A generic kernel's loop tiles in its head and bulk segments all lie inside the length (both end by the last
     whole tile), so their loads test no bound there, in every kernel (the column kernel's load of the statistics
-    the first kernel stored too), while the head and tail segments, which can hold the partial last tile, keep
-    the test. Every load in the loop takes its key rows at l0 * stride plus a tile of offsets
+    the first kernel stored too), while the tail segment [ta, hi), which holds the partial last tile (and the
+    head's tiles past it), keeps the test. The column kernel's head is the causal diagonal: only its mask. Every load in the loop takes its key rows at l0 * stride plus a tile of offsets
     that no step changes (the stride is a size: a head count times the head dimension), not (l0 + r) * stride
     per element. Every length still matches eager."""
     c = ft.compile(h2o_finfo, dynamic=True, cache=False)
@@ -736,9 +736,9 @@ def test_the_bulk_of_a_generic_loop_loads_without_bounds_tests():
     (prog,) = c.generic_programs()
     assert len(prog.kernels) > 1        # the column sums' kernel loads the row statistics the first one stored
     for k in prog.kernels:
-        bulk, tail = _segment_loads(k.source, "ua"), _segment_loads(k.source, "ub")
-        assert bulk and tail
-        assert not any("mask=" in ln for ln in bulk), bulk
+        head, bulk, tail = (_segment_loads(k.source, start) for start in ("lo", "ua", "ta"))
+        assert head and bulk and tail
+        assert not any("mask=" in ln for ln in head + bulk), head + bulk
         assert all("mask=" in ln for ln in tail), tail
 
 
@@ -757,7 +757,7 @@ def test_loop_rows_strided_by_a_size_step_from_one_offset_tile():
         g = torch.Generator().manual_seed(k)
         _check(attention, c, [torch.randn(1, s, h, 16, generator=g) for _ in range(3)])
     (prog,) = c.generic_programs()
-    loads = [ln for k in prog.kernels for start in ("lo", "ua", "ub") for ln in _segment_loads(k.source, start)
+    loads = [ln for k in prog.kernels for start in ("lo", "ua", "ta") for ln in _segment_loads(k.source, start)
              if "inp1" in ln or "inp2" in ln]
     assert loads and all("tl.cast(l0, tl.int64) * " in ln and "tl.arange(0, " in ln for ln in loads), loads
 

@@ -111,7 +111,9 @@ def segments(em: Tiles) -> list[tuple[str, str, frozenset, bool]]:
         # the bulk ends by `hi` where a run-time range may end before the compile-time bulk does
         em.pre.append(f"{ub} = tl.maximum({ua}, "
                       f"{_fold('tl.minimum', his + ([b] if b != 'hi' or s.runtime or em.split else []))})")
-        segs += [(a, ua, none, True)] + _bulk(em, k, ua, ub, frozenset(bulk), bounds[4:]) + [(ub, b, none, True)]
+        head, tail = _head_and_tail(em, k, a, ua, ub)
+        segs += [(a, head, none, tail == ub)] + _bulk(em, k, ua, ub, frozenset(bulk), bounds[4:]) + \
+            [(tail, b, none, True)]
     for h in s.special:
         cl, kmin, _ = _span(em, h)
         if cl > 0:      # from the first tile wholly inside h to the end
@@ -120,10 +122,10 @@ def segments(em: Tiles) -> list[tuple[str, str, frozenset, bool]]:
             em.pre.append(f"sp = hi - (hi - tl.minimum(tl.maximum({first}, {tail}), hi)) * fin")
             segs = segs[:-1] + [(tail, "sp", none, True), ("sp", "hi", frozenset([h]), True)]
         else:           # from the start to the last tile wholly inside h
-            head = segs[0][1]
+            _, head, _, tested = segs[0]
             end = f"(tl.maximum({kmin} + {-cl}, 0) // {-cl}) // {bl} * {bl}"
             em.pre.append(f"sp = lo + (tl.minimum(tl.maximum({end}, lo), {head}) - lo) * fin")
-            segs = [("lo", "sp", frozenset([h]), True), ("sp", head, none, True)] + segs[1:]
+            segs = [("lo", "sp", frozenset([h]), tested), ("sp", head, none, tested)] + segs[1:]
     return segs
 
 
@@ -173,6 +175,22 @@ def _static(x: ast.expr, env: dict[str, int]) -> Optional[int]:
         known = [v for a in x.args if (v := _static(a, env)) is not None]
         return _CALLS[ast.unparse(x.func)](known) if len(known) == len(x.args) else None
     return None
+
+
+def _head_and_tail(em: Tiles, k: int, a: str, ua: str, ub: str) -> tuple[str, str]:
+    """Where the loop's last tile can be partial: the head segment [a, ua) ends at the last whole tile, so that it
+    needs no bounds test (only its masks), and the tail, which keeps the tests, starts at the head's end where the
+    head reaches past that tile (the bulk [ua, ub) is then empty: it ends at the last whole tile too). Otherwise the
+    head [a, ua) and the tail [ub, ...) as they are. A generic causal kernel's head held a second copy of the
+    tail's bounds tests (corm's column kernel: 255 registers and spills on sm_90 where the exact one takes 191)."""
+    L = em.s.loop
+    assert L is not None
+    if not em.partial(L):
+        return ua, ub
+    ha, ta = ("ha", "ta") if k == 0 else ("ha2", "ta2")
+    em.pre.append(f"{ha} = tl.minimum({ua}, tl.maximum({a}, {source((L.extent // em.blk[L]) * em.blk[L])}))")
+    em.pre.append(f"{ta} = {ub} - ({ua} - {ha})")
+    return ha, ta
 
 
 def _bulk(em: Tiles, k: int, ua: str, ub: str, region: frozenset, kept: tuple[str, ...]) -> list:
