@@ -100,31 +100,41 @@ def test_direct_launches_match_eager_on_aligned_and_unaligned_inputs(dtype):
     assert any(all(key[2:]) for key in keys) and any(not all(key[2:]) for key in keys), keys
 
 
-def test_a_call_reuses_the_last_calls_intermediates_and_never_its_outputs():
+def test_a_call_reuses_the_last_calls_intermediates_and_never_its_outputs(monkeypatch):
     """A program keeps the intermediates of its last call on this thread and stream at the same sizes (row
-    statistics, run-time ranges, the finite flag) and writes them again; outputs are new each call, so an earlier
-    call's results stay as they were, and the finite flag a non-finite input set is cleared for the next call."""
+    statistics, run-time ranges) and writes them again; outputs are new each call, so an earlier call's results
+    stay as they were. Each call takes the next finite-check flag of a pool, zeroed whole as it comes round (here
+    of 3): a call launches no fill of its own, and the flag a non-finite input set leaves the next calls' alone."""
     def h2o(q, k, v):
         s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
         p = torch.softmax(s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1),
                                         -math.inf), dim=-1)
         return p @ v, p.sum(dim=-2)
 
+    monkeypatch.setattr(launch._Flags, "SIZE", 3)
     device = "cuda" if torch.cuda.is_available() and not knobs.interpret() else "cpu"
     g = torch.Generator().manual_seed(8)
     a, b, c = ([torch.randn(1, 2, 40, 16, generator=g).to(device) for _ in range(3)] for _ in range(3))
     c[1][0, 1, 7, 3] = math.inf            # one key not finite: the fixup pass runs
     fast = ft.compile(h2o, cache=False, eager_if_faster=False)
-    got = []
-    for args in (a, b, c, a):
-        got.append(fast(*args))
+    calls = (a, b, c, a, b, a, c, a)
+    got, flags = [], []
+    for k, args in enumerate(calls):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+            got.append(fast(*args))
         (prog,) = fast.programs.values()
         ((_, held, _),) = prog._kept.values()
-        if len(got) == 1:
+        if k == 0:
             first = dict(held)
+            continue
         assert held.keys() == first.keys() and all(held[key] is first[key] for key in held)
-    assert held[launch.FINITE].item() == 0, "the flag of the non-finite call was not cleared"
-    for args, outs in zip((a, b, c, a), got):
+        pool = held[launch.FLAGS]
+        flags.append(pool.at)
+        zeroed = {tuple(e.input_shapes[0]) for e in prof.events() if e.name in ("aten::zero_", "aten::fill_")
+                  and e.input_shapes[0] in ([1], [3])}    # a flag or the pool (tests poison new outputs by fills)
+        assert zeroed == ({(3,)} if pool.at == 0 else set()), (k, zeroed)
+    assert flags == [1, 2, 0, 1, 2, 0, 1]
+    for args, outs in zip(calls, got):
         exact = as_tuple(h2o(*(t.double() for t in args)))
         for o, r, x in zip(outs, as_tuple(h2o(*args)), exact):
             m = compare_with_exact(o, r, x, torch.float32)

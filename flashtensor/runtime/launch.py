@@ -20,6 +20,7 @@ from ..ir.sizes import evaluator
 SIZES = ("sizes",)     # buffer key of the size symbols' values
 AT = ("sizes", "at")   # buffer key of those values as one hashable key, made once per call (launches memoise by it)
 LAUNCH = ("sizes", "launch")   # buffer key of the call's device, stream and launch hooks (found once a call)
+FLAGS = ("finite", "pool")      # buffer key of the finite-check flags kept buffers' calls take in turn (_Flags)
 
 
 def load_kernel(k: KernelSource, name: Optional[str] = None) -> Any:
@@ -335,8 +336,8 @@ def run_kernels(launches: Sequence[Launch], inputs: Sequence[torch.Tensor], devi
         if reused:
             found = then
             buffers.update(held)
-            if FINITE in held:
-                held[FINITE].zero_()
+            if FLAGS in held:
+                buffers[FINITE] = held[FLAGS].take(device)
             kept[where] = (at, held, {})    # until this call's pre-passes are done, none is known
     if reused and memo is not None:     # the intermediates are that call's: only the outputs are new
         for key, shape, dtype, make in memoised(memo, ("outputs", buffers[AT]), lambda: _outputs(launches, sizes)):
@@ -359,9 +360,34 @@ def run_kernels(launches: Sequence[Launch], inputs: Sequence[torch.Tensor], devi
         if not reused:
             if len(kept) >= MEMO:
                 kept.clear()
-            held = {k: b for k, b in buffers.items() if _is_intermediate(k)}
+            held = {k: b for k, b in buffers.items() if _is_intermediate(k) and k != FINITE}
+            if FINITE in buffers:
+                held[FLAGS] = _Flags(device)
         kept[where] = (buffers[AT], held, {k: [(weakref.ref(t), v) for t, v in m] for k, m in enumerate(masks) if m})
     return buffers
+
+
+class _Flags:
+    """The finite-check flags of the calls that reuse one kept set of buffers: each call takes the next flag of a
+    pool, and the pool is zeroed whole as it comes round (stream order puts that after every call that used one of
+    its flags), so a call launches no fill of its own. A call captured in a CUDA graph zeroes its flag itself, since
+    each replay runs with that one flag again."""
+
+    SIZE = 64
+
+    def __init__(self, device: torch.device) -> None:
+        self.pool = torch.zeros(self.SIZE, dtype=torch.float32, device=device)
+        self.flags = list(self.pool.split(1))
+        self.at = 0     # the flag of the call that kept the buffers is its own: the pool starts unused
+
+    def take(self, device: torch.device) -> torch.Tensor:
+        self.at = (self.at + 1) % self.SIZE
+        if self.at == 0:
+            self.pool.zero_()
+        flag = self.flags[self.at]
+        if _capturing(device):
+            flag.zero_()
+        return flag
 
 
 def _outputs(launches: Sequence[Launch], sizes: Optional[Mapping[str, int]]) -> list[tuple[Any, Any, Any, Any]]:
