@@ -406,7 +406,8 @@ def _column_loads() -> dict[int, tuple[list[str], list[str]]]:
     asynchronous copies."""
     out = {}
     for split, sass in _generic_sass("h2o", 1, TileConfig(128, 64, 8, 3)).items():
-        ops = [op for b in _blocks(sass) for op in b]
-        bulk = min((b for b in _blocks(sass) if any(op.startswith("HGMMA") for op in b)), key=len)
+        blocks = _blocks(sass)
+        ops = [op for b in blocks for op in b]
+        bulk = min((b for b in blocks if any(op.startswith("HGMMA") for op in b)), key=len)
         out[split] = ([op for op in ops if op.startswith("LDG.")], [op for op in bulk if op.startswith("LDGSTS")])
     return out

@@ -39,7 +39,8 @@ def segments(em: Tiles) -> list[tuple[str, str, frozenset, bool]]:
         return [("lo", "hi", frozenset(), False)]
     bl = em.blk[L]
     lo, hi = ["0"], [source(L.extent)]
-    ulo, uhi = ["0"], [source((L.extent // bl) * bl)]
+    full = source((L.extent // bl) * bl)      # the end of the last whole tile
+    ulo, uhi = ["0"], [full]
     live: set[Affine] = set()
     gap = None
     for reg in s.skip:
@@ -111,9 +112,8 @@ def segments(em: Tiles) -> list[tuple[str, str, frozenset, bool]]:
         # the bulk ends by `hi` where a run-time range may end before the compile-time bulk does
         em.pre.append(f"{ub} = tl.maximum({ua}, "
                       f"{_fold('tl.minimum', his + ([b] if b != 'hi' or s.runtime or em.split else []))})")
-        head, tail = _head_and_tail(em, k, a, ua, ub)
-        segs += [(a, head, none, tail == ub)] + _bulk(em, k, ua, ub, frozenset(bulk), bounds[4:]) + \
-            [(tail, b, none, True)]
+        head, tail, tested = _head_and_tail(em, k, a, ua, ub, full)
+        segs += [(a, head, none, tested)] + _bulk(em, k, ua, ub, frozenset(bulk), bounds[4:]) + [(tail, b, none, True)]
     for h in s.special:
         cl, kmin, _ = _span(em, h)
         if cl > 0:      # from the first tile wholly inside h to the end
@@ -177,20 +177,20 @@ def _static(x: ast.expr, env: dict[str, int]) -> Optional[int]:
     return None
 
 
-def _head_and_tail(em: Tiles, k: int, a: str, ua: str, ub: str) -> tuple[str, str]:
-    """Where the loop's last tile can be partial: the head segment [a, ua) ends at the last whole tile, so that it
-    needs no bounds test (only its masks), and the tail, which keeps the tests, starts at the head's end where the
-    head reaches past that tile (the bulk [ua, ub) is then empty: it ends at the last whole tile too). Otherwise the
-    head [a, ua) and the tail [ub, ...) as they are. A generic causal kernel's head held a second copy of the
-    tail's bounds tests (corm's column kernel: 255 registers and spills on sm_90 where the exact one takes 191)."""
+def _head_and_tail(em: Tiles, k: int, a: str, ua: str, ub: str, full: str) -> tuple[str, str, bool]:
+    """The head segment's end, the tail's start, and whether the head tests the loop's bounds. Where the last tile
+    can be partial, the head [a, ua) ends by the last whole tile (`full`), so it needs no bounds test (only its
+    masks), and the tail, which keeps the tests, starts at the head's end where the head reached past that tile
+    (the bulk [ua, ub) is then empty: it ends by that tile too); a generic causal kernel's head otherwise holds a
+    second copy of the tail's bounds tests. Elsewhere the head [a, ua) and the tail [ub, ...) as they are."""
     L = em.s.loop
     assert L is not None
     if not em.partial(L):
-        return ua, ub
+        return ua, ub, True
     ha, ta = ("ha", "ta") if k == 0 else ("ha2", "ta2")
-    em.pre.append(f"{ha} = tl.minimum({ua}, tl.maximum({a}, {source((L.extent // em.blk[L]) * em.blk[L])}))")
+    em.pre.append(f"{ha} = tl.minimum({ua}, tl.maximum({a}, {full}))")
     em.pre.append(f"{ta} = {ub} - ({ua} - {ha})")
-    return ha, ta
+    return ha, ta, False
 
 
 def _bulk(em: Tiles, k: int, ua: str, ub: str, region: frozenset, kept: tuple[str, ...]) -> list:
